@@ -1,0 +1,5 @@
+import sys
+
+from mooncaked.daemon.main import main
+
+sys.exit(main())

@@ -1,0 +1,244 @@
+"""The asyncio client: many requests in flight on one connection.
+
+    client = await Client.connect("unix:/run/mooncaked/mooncaked.sock", namespace="llama-3")
+    await client.put("block:0", b"...")
+    value = await client.get("block:0")
+
+Requests are pipelined; the daemon answers in order, so responses are matched to a FIFO of
+waiting futures (and checked by msgid). Over the Unix socket, `put_from` / `get_into_address`
+move values through the daemon's shared-memory segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import time
+from typing import Sequence
+
+from mooncaked.client import calls
+from mooncaked.client.blocking import parse_address, raw_buffer
+from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.shared_memory import SharedSegments
+from mooncaked.errors import ErrorCode, MooncakedError, error_for
+from mooncaked.proto import framing
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: collections.deque[tuple[int, Call, asyncio.Future]] = collections.deque()
+        self._buffer = bytearray()
+        self._lost: Exception | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self._lost = MooncakedError(ErrorCode.RPC_FAIL, f"connection lost: {exc or 'closed'}")
+        while self.waiting:
+            _, _, future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(self._lost)
+
+    def send(self, msgid: int, call: Call) -> asyncio.Future:
+        if self._lost is not None:
+            raise self._lost
+        future = asyncio.get_running_loop().create_future()
+        payload_length = sum(memoryview(p).nbytes for p in call.payload)
+        head = framing.request_head(msgid, call.method, call.params, payload_length)
+        if payload_length <= 64 * 1024:
+            self.transport.write(b"".join((head, *call.payload)) if call.payload else head)
+        else:
+            self.transport.write(head)
+            for piece in call.payload:
+                self.transport.write(piece)
+        self.waiting.append((msgid, call, future))
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while len(buffer) - start >= framing.PREFIX_BYTES:
+            header_length, payload_length = framing.PREFIX.unpack_from(buffer, start)
+            end = start + framing.PREFIX_BYTES + header_length + payload_length
+            if len(buffer) < end:
+                break
+            header_end = start + framing.PREFIX_BYTES + header_length
+            header = framing.unpack_header(bytes(buffer[start + framing.PREFIX_BYTES:
+                                                        header_end]), header_length)
+            payload = bytes(buffer[header_end:end])
+            start = end
+            self._deliver(header, payload)
+        del buffer[:start]
+
+    def _deliver(self, header, payload: bytes) -> None:
+        try:
+            msgid, error, result = framing.parse_response(header)
+        except MooncakedError as exc:  # the daemon's protocol_error: it is closing
+            self.connection_lost(exc)
+            return
+        if not self.waiting or self.waiting[0][0] != msgid:
+            self.transport.abort()
+            return
+        _, call, future = self.waiting.popleft()
+        if future.done():
+            return
+        try:
+            if error is not None:
+                framing.raise_error(error)
+            future.set_result(call.parse(result, payload))
+        except MooncakedError as exc:
+            future.set_exception(exc)
+
+
+class Client:
+    def __init__(self, protocol: _ClientProtocol, kind: str) -> None:
+        self._protocol = protocol
+        self.transport_kind = kind
+        self._msgid = 0
+        self.server: dict = {}
+        self.segments: SharedSegments | None = None
+
+    @classmethod
+    async def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
+                      client_name: str = "", map_segments: bool = True) -> "Client":
+        loop = asyncio.get_running_loop()
+        kind, target = parse_address(address)
+        if kind == "unix":
+            _, protocol = await loop.create_unix_connection(_ClientProtocol, target)
+        else:
+            transport, protocol = await loop.create_connection(_ClientProtocol, *target)
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,
+                                                          socket.TCP_NODELAY, 1)
+        client = cls(protocol, kind)
+        try:
+            client.server = await client._run(calls.hello(namespace, client_name))
+            if map_segments and client.server.get("segments"):
+                client.segments = SharedSegments(client.server["segments"])
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.segments is not None:
+            self.segments.close()
+            self.segments = None
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            await asyncio.sleep(0)
+
+    def _run(self, call: Call) -> asyncio.Future:
+        self._msgid = (self._msgid + 1) & framing.U32_MAX
+        return self._protocol.send(self._msgid, call)
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return self.server.get("lease_ttl_ms", 0)
+
+    # -- values through the socket ----------------------------------------------------------
+
+    async def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
+        """Store a value; False if the key already existed (its value is kept)."""
+        return await self._run(calls.put(key, value, config))
+
+    async def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
+        await self._run(calls.upsert(key, value, config))
+
+    async def get(self, key: str) -> bytes:
+        return await self._run(calls.get(key))
+
+    async def exists(self, key: str) -> bool:
+        return await self._run(calls.exists(key))
+
+    async def get_size(self, key: str) -> int:
+        return await self._run(calls.get_size(key))
+
+    async def remove(self, key: str, force: bool = False) -> None:
+        await self._run(calls.remove(key, force))
+
+    async def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        return await self._run(calls.remove_by_regex(pattern, force))
+
+    async def remove_all(self, force: bool = False) -> int:
+        return await self._run(calls.remove_all(force))
+
+    async def batch_put(self, keys: Sequence[str], values: Sequence,
+                        config: ReplicateConfig | None = None) -> list[int]:
+        return await self._run(calls.batch_put(keys, values, config))
+
+    async def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return await self._run(calls.batch_get(keys))
+
+    async def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return await self._run(calls.batch_exists(keys))
+
+    async def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        return await self._run(calls.batch_remove(keys, force))
+
+    async def ping(self) -> str:
+        return await self._run(calls.simple("ping"))
+
+    # -- values at raw addresses: shared memory when local ----------------------------------
+
+    async def put_from(self, key: str, address: int, size_bytes: int,
+                       config: ReplicateConfig | None = None) -> bool:
+        if self.segments is None:
+            return await self.put(key, raw_buffer(address, size_bytes), config)
+        try:
+            segment_id, offset = await self._run(calls.put_start(key, size_bytes, config))
+        except MooncakedError as exc:
+            if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:
+                return False
+            raise
+        try:
+            self.segments.write(segment_id, offset, address, size_bytes)
+        except BaseException:
+            await self._run(calls.simple("put_revoke", key))
+            raise
+        await self._run(calls.simple("put_end", key))
+        return True
+
+    async def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
+        if self.segments is None:
+            value = await self.get(key)
+            if len(value) > size_bytes:
+                raise error_for(ErrorCode.INVALID_PARAMS,
+                                f"the value has {len(value)} bytes, the buffer {size_bytes}")
+            raw_buffer(address, len(value))[:] = value
+            return len(value)
+        started = time.monotonic()
+        segment_id, offset, value_size = await self._run(calls.simple("get_replica", key))
+        if value_size > size_bytes:
+            raise error_for(ErrorCode.INVALID_PARAMS,
+                            f"the value has {value_size} bytes, the buffer {size_bytes}")
+        self.segments.read(segment_id, offset, address, value_size)
+        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
+            raise error_for(ErrorCode.LEASE_EXPIRED,
+                            "the copy ended after the read lease; the bytes may be stale")
+        return value_size
+
+    # -- administration ---------------------------------------------------------------------
+
+    async def status(self) -> dict:
+        return await self._run(calls.simple("status"))
+
+    async def segment_report(self) -> list[dict]:
+        return await self._run(calls.simple("segments"))
+
+    async def objects_list(self, prefix: str = "", regex: str | None = None,
+                           namespace: str | None = None, limit: int = 1000) -> list[dict]:
+        return await self._run(calls.simple("objects_list", prefix, regex, namespace, limit))
+
+    async def object_stat(self, key: str, namespace: str | None = None) -> dict:
+        return await self._run(calls.simple("object_stat", key, namespace))

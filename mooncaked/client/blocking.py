@@ -1,0 +1,316 @@
+"""The blocking client: one socket, one request at a time.
+
+`BlockingClient.connect("unix:/run/mooncaked/mooncaked.sock")` or `("127.0.0.1:50051")`.
+Over the Unix socket it maps the daemon's segments, and the `*_from` / `*_into` calls move
+values by shared memory; over TCP the same calls send the bytes through the socket.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import time
+from typing import Sequence
+
+from mooncaked.client import calls
+from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.shared_memory import SharedSegments
+from mooncaked.errors import ErrorCode, MooncakedError, error_for
+from mooncaked.proto import framing
+
+INLINE_SEND_BYTES = 64 * 1024
+
+
+def parse_address(address: str) -> tuple[str, object]:
+    """("unix", path) for `unix:PATH` or an absolute path; ("tcp", (host, port)) for HOST:PORT."""
+    if address.startswith("unix:"):
+        return "unix", address[len("unix:"):]
+    if address.startswith("/"):
+        return "unix", address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is neither unix:PATH, /PATH nor HOST:PORT")
+    return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def open_socket(address: str, timeout_s: float | None) -> tuple[socket.socket, str]:
+    kind, target = parse_address(address)
+    if kind == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in target[0] else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, kind
+
+
+def raw_buffer(address: int, size_bytes: int) -> memoryview:
+    """A writable view of `size_bytes` at a raw address in this process (no copy)."""
+    return memoryview((ctypes.c_char * size_bytes).from_address(address)).cast("B")
+
+
+class BlockingClient:
+    def __init__(self, sock: socket.socket, kind: str) -> None:
+        self._sock = sock
+        self.transport_kind = kind
+        self._msgid = 0
+        self._prefix = bytearray(framing.PREFIX_BYTES)
+        self.server: dict = {}
+        self.segments: SharedSegments | None = None
+
+    @classmethod
+    def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
+                client_name: str = "", timeout_s: float | None = 30.0,
+                map_segments: bool = True) -> "BlockingClient":
+        sock, kind = open_socket(address, timeout_s)
+        client = cls(sock, kind)
+        try:
+            client.server = client._run(calls.hello(namespace, client_name))
+            if map_segments and client.server.get("segments"):
+                client.segments = SharedSegments(client.server["segments"])
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def __enter__(self) -> "BlockingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.segments is not None:
+            self.segments.close()
+            self.segments = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return self.server.get("lease_ttl_ms", 0)
+
+    # -- the socket -------------------------------------------------------------------------
+
+    def _run(self, call: Call):
+        if self._sock is None:
+            raise MooncakedError(ErrorCode.RPC_FAIL, "the client is closed")
+        self._msgid = (self._msgid + 1) & framing.U32_MAX
+        payload_length = sum(memoryview(p).nbytes for p in call.payload)
+        head = framing.request_head(self._msgid, call.method, call.params, payload_length)
+        try:
+            self._send(head, call.payload, payload_length)
+            return self._receive(call)
+        except OSError as exc:
+            self.close()
+            raise MooncakedError(ErrorCode.RPC_FAIL, f"connection lost: {exc}") from exc
+
+    def _send(self, head: bytes, payload: list, payload_length: int) -> None:
+        sock = self._sock
+        if payload_length <= INLINE_SEND_BYTES:
+            sock.sendall(b"".join((head, *payload)) if payload else head)
+        else:
+            sock.sendall(head)
+            for piece in payload:
+                sock.sendall(piece)
+
+    def _receive_exactly(self, view: memoryview) -> None:
+        sock, received, size = self._sock, 0, len(view)
+        while received < size:
+            count = sock.recv_into(view[received:], size - received)
+            if count == 0:
+                raise ConnectionResetError("the daemon closed the connection")
+            received += count
+
+    def _receive(self, call: Call):
+        self._receive_exactly(memoryview(self._prefix))
+        header_length, payload_length = framing.PREFIX.unpack(self._prefix)
+        header_bytes = bytearray(header_length)
+        self._receive_exactly(memoryview(header_bytes))
+        header = framing.unpack_header(header_bytes, max(header_length, 1))
+        try:
+            msgid, error, result = framing.parse_response(header)
+        except MooncakedError:
+            self.close()  # the daemon is closing this connection
+            raise
+        if msgid != self._msgid:
+            self.close()
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR,
+                                 f"response {msgid} to request {self._msgid}")
+        payload: memoryview | bytearray = b""
+        if call.receive_into is not None and error is None:
+            target = memoryview(call.receive_into).cast("B")
+            if payload_length > len(target):
+                self._receive_exactly(memoryview(bytearray(payload_length)))
+                raise error_for(ErrorCode.INVALID_PARAMS,
+                                f"the value has {payload_length} bytes, the buffer "
+                                f"{len(target)}")
+            self._receive_exactly(target[:payload_length])
+            return payload_length
+        if payload_length:
+            payload = bytearray(payload_length)
+            self._receive_exactly(memoryview(payload))
+        if error is not None:
+            framing.raise_error(error)
+        return call.parse(result, payload)
+
+    # -- values through the socket ----------------------------------------------------------
+
+    def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
+        """Store a value; False if the key already existed (its value is kept)."""
+        return self._run(calls.put(key, value, config))
+
+    def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
+        self._run(calls.upsert(key, value, config))
+
+    def get(self, key: str) -> bytes:
+        return self._run(calls.get(key))
+
+    def get_into(self, key: str, buffer) -> int:
+        """Receive a value into a writable buffer; returns its size."""
+        return self._run(calls.get(key, into=buffer))
+
+    def exists(self, key: str) -> bool:
+        return self._run(calls.exists(key))
+
+    def get_size(self, key: str) -> int:
+        return self._run(calls.get_size(key))
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self._run(calls.remove(key, force))
+
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        return self._run(calls.remove_by_regex(pattern, force))
+
+    def remove_all(self, force: bool = False) -> int:
+        return self._run(calls.remove_all(force))
+
+    def batch_put(self, keys: Sequence[str], values: Sequence,
+                  config: ReplicateConfig | None = None) -> list[int]:
+        return self._run(calls.batch_put(keys, values, config))
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self._run(calls.batch_get(keys))
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return self._run(calls.batch_exists(keys))
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        return self._run(calls.batch_remove(keys, force))
+
+    def ping(self) -> str:
+        return self._run(calls.simple("ping"))
+
+    # -- values at raw addresses: shared memory when local ----------------------------------
+
+    def put_from(self, key: str, address: int, size_bytes: int,
+                 config: ReplicateConfig | None = None) -> bool:
+        """Store `size_bytes` at `address` (this process's memory); False if the key existed."""
+        if self.segments is None:
+            return self.put(key, raw_buffer(address, size_bytes), config)
+        try:
+            segment_id, offset = self._run(calls.put_start(key, size_bytes, config))
+        except MooncakedError as exc:
+            if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:
+                return False
+            raise
+        try:
+            self.segments.write(segment_id, offset, address, size_bytes)
+        except BaseException:
+            self._run(calls.simple("put_revoke", key))
+            raise
+        self._run(calls.simple("put_end", key))
+        return True
+
+    def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
+        """Copy a value to `address` (room for `size_bytes`); returns the value's size."""
+        if self.segments is None:
+            return self.get_into(key, raw_buffer(address, size_bytes))
+        started = time.monotonic()
+        segment_id, offset, value_size = self._run(calls.simple("get_replica", key))
+        if value_size > size_bytes:
+            raise error_for(ErrorCode.INVALID_PARAMS,
+                            f"the value has {value_size} bytes, the buffer {size_bytes}")
+        self.segments.read(segment_id, offset, address, value_size)
+        self._check_lease(started)
+        return value_size
+
+    def _check_lease(self, started: float) -> None:
+        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
+            raise error_for(ErrorCode.LEASE_EXPIRED,
+                            "the copy ended after the read lease; the bytes may be stale")
+
+    def batch_put_from(self, keys: Sequence[str], addresses: Sequence[int],
+                       sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
+        """Per key: 0 stored, 1 already existed, or a negative error code."""
+        if not len(keys) == len(addresses) == len(sizes):
+            raise error_for(ErrorCode.INVALID_PARAMS, "keys, addresses and sizes differ")
+        if self.segments is None:
+            return self.batch_put(keys, [raw_buffer(a, s) for a, s in zip(addresses, sizes)],
+                                  config)
+        placements = self._run(calls.batch_put_start(keys, sizes, config))
+        codes, started = [], []
+        for key, address, size, placement in zip(keys, addresses, sizes, placements):
+            if type(placement) is list:
+                self.segments.write(placement[0], placement[1], address, size)
+                started.append(key)
+                codes.append(0)
+            else:
+                codes.append(1 if placement == ErrorCode.OBJECT_ALREADY_EXISTS else placement)
+        if started:
+            ended = iter(self._run(calls.simple("batch_put_end", started)))
+            codes = [next(ended) if code == 0 else code for code in codes]
+        return codes
+
+    def batch_get_into(self, keys: Sequence[str], addresses: Sequence[int],
+                       sizes: Sequence[int]) -> list[int]:
+        """Per key: the value's size, or a negative error code."""
+        if not len(keys) == len(addresses) == len(sizes):
+            raise error_for(ErrorCode.INVALID_PARAMS, "keys, addresses and sizes differ")
+        if self.segments is None:
+            return [self._get_into_or_code(k, a, s) for k, a, s in zip(keys, addresses, sizes)]
+        started = time.monotonic()
+        locations = self._run(calls.simple("batch_get_replica", list(keys)))
+        results = []
+        for address, size, location in zip(addresses, sizes, locations):
+            if type(location) is not list:
+                results.append(location)
+            elif location[2] > size:
+                results.append(int(ErrorCode.INVALID_PARAMS))
+            else:
+                self.segments.read(location[0], location[1], address, location[2])
+                results.append(location[2])
+        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
+            return [int(ErrorCode.LEASE_EXPIRED) if r >= 0 else r for r in results]
+        return results
+
+    def _get_into_or_code(self, key: str, address: int, size: int) -> int:
+        try:
+            return self.get_into(key, raw_buffer(address, size))
+        except MooncakedError as exc:
+            return exc.code
+
+    # -- administration ---------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return self._run(calls.simple("status"))
+
+    def segment_report(self) -> list[dict]:
+        return self._run(calls.simple("segments"))
+
+    def objects_list(self, prefix: str = "", regex: str | None = None,
+                     namespace: str | None = None, limit: int = 1000) -> list[dict]:
+        return self._run(calls.simple("objects_list", prefix, regex, namespace, limit))
+
+    def object_stat(self, key: str, namespace: str | None = None) -> dict:
+        return self._run(calls.simple("object_stat", key, namespace))
+
+    def config_show(self) -> dict:
+        return self._run(calls.simple("config_show"))

@@ -1,0 +1,141 @@
+"""What each client call sends and how its answer is read, shared by both clients.
+
+A `Call` is the method, the params, the request payload (a list of buffers) and a function
+that turns the response (result, payload) into the call's return value. The blocking and the
+asyncio client only differ in how they move a Call over the socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from mooncaked.errors import ErrorCode, error_for
+
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class ReplicateConfig:
+    """Where and how an object is kept (wire/PROTOCOL.md section 5)."""
+    replica_num: int = 1
+    preferred_segments: Sequence[str] = ()
+    with_soft_pin: bool = False
+    soft_pin_ttl_ms: int | None = None
+    with_hard_pin: bool = False
+
+    def to_wire(self) -> dict | None:
+        wire: dict[str, Any] = {}
+        if self.replica_num != 1:
+            wire["replica_num"] = self.replica_num
+        if self.preferred_segments:
+            wire["preferred_segments"] = list(self.preferred_segments)
+        if self.with_soft_pin:
+            wire["with_soft_pin"] = True
+        if self.soft_pin_ttl_ms is not None:
+            wire["soft_pin_ttl_ms"] = self.soft_pin_ttl_ms
+        if self.with_hard_pin:
+            wire["with_hard_pin"] = True
+        return wire or None
+
+
+def _wire_config(config: ReplicateConfig | None) -> dict | None:
+    return None if config is None else config.to_wire()
+
+
+def _identity(result, payload):
+    return result
+
+
+@dataclass
+class Call:
+    method: str
+    params: list
+    payload: list = field(default_factory=list)
+    parse: Callable[[Any, bytes | memoryview], Any] = _identity
+    # When set, the response payload is received into this writable buffer (blocking client).
+    receive_into: Any = None
+
+
+def hello(namespace: str, client_name: str) -> Call:
+    return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name}])
+
+
+def put(key: str, value, config: ReplicateConfig | None) -> Call:
+    return Call("put", [key, _wire_config(config)], [value])
+
+
+def upsert(key: str, value, config: ReplicateConfig | None) -> Call:
+    return Call("upsert", [key, _wire_config(config)], [value], lambda result, payload: None)
+
+
+def get(key: str, into=None) -> Call:
+    if into is not None:
+        return Call("get", [key], receive_into=into)
+    return Call("get", [key], parse=lambda result, payload: bytes(payload))
+
+
+def exists(key: str) -> Call:
+    return Call("exists", [key])
+
+
+def get_size(key: str) -> Call:
+    return Call("get_size", [key])
+
+
+def remove(key: str, force: bool) -> Call:
+    return Call("remove", [key, force], parse=lambda result, payload: None)
+
+
+def remove_by_regex(pattern: str, force: bool) -> Call:
+    return Call("remove_by_regex", [pattern, force])
+
+
+def remove_all(force: bool) -> Call:
+    return Call("remove_all", [force])
+
+
+def batch_put(keys: Sequence[str], values: Sequence, config: ReplicateConfig | None) -> Call:
+    values = list(values)
+    if len(values) != len(keys):
+        raise error_for(ErrorCode.INVALID_PARAMS, "keys and values differ in length")
+    sizes = [memoryview(v).nbytes for v in values]
+    return Call("batch_put", [list(keys), sizes, _wire_config(config)], values)
+
+
+def _split_batch_get(results: list, payload) -> list[bytes | None]:
+    values, offset = [], 0
+    view = memoryview(payload)
+    for size in results:
+        if size < 0:
+            values.append(None)
+        else:
+            values.append(bytes(view[offset:offset + size]))
+            offset += size
+    return values
+
+
+def batch_get(keys: Sequence[str]) -> Call:
+    return Call("batch_get", [list(keys)], parse=_split_batch_get)
+
+
+def batch_exists(keys: Sequence[str]) -> Call:
+    return Call("batch_exists", [list(keys)],
+                parse=lambda result, payload: [bool(r) for r in result])
+
+
+def batch_remove(keys: Sequence[str], force: bool) -> Call:
+    return Call("batch_remove", [list(keys), force])
+
+
+def put_start(key: str, size: int, config: ReplicateConfig | None) -> Call:
+    return Call("put_start", [key, size, _wire_config(config)])
+
+
+def batch_put_start(keys: Sequence[str], sizes: Sequence[int],
+                    config: ReplicateConfig | None) -> Call:
+    return Call("batch_put_start", [list(keys), list(sizes), _wire_config(config)])
+
+
+def simple(method: str, *params) -> Call:
+    return Call(method, list(params))

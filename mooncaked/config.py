@@ -1,0 +1,189 @@
+"""The daemon's configuration: every key, its default, unit and bounds, and the loader.
+
+The dataclasses below are the schema. `mooncaked.toml` at the repository root documents the
+same keys with the same defaults (a test checks they agree). Loading is strict: an unknown
+section or key, a wrong type or an out-of-range value stops start-up with a message that names
+the key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class ConfigError(Exception):
+    pass
+
+
+def _key(default, minimum=None, maximum=None, choices=None, unit="", doc=""):
+    return field(default=default, metadata={
+        "min": minimum, "max": maximum, "choices": choices, "unit": unit, "doc": doc})
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str = _key("", doc="node name; empty = the host name")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    tcp_host: str = _key("127.0.0.1", doc="TCP listen address")
+    tcp_port: int = _key(50051, 0, 65535, doc="TCP listen port; 0 = any free port")
+    unix_socket: str = _key("/run/mooncaked/mooncaked.sock",
+                            doc="Unix socket path; empty = no Unix socket")
+    max_connections: int = _key(1024, 1, 1 << 20, doc="open client connections at most")
+    max_header_bytes: int = _key(MIB, 256, 64 * MIB, unit="bytes", doc="largest frame header")
+    max_payload_bytes: int = _key(GIB, 1, 0xFFFFFFFF, unit="bytes",
+                                  doc="largest frame payload (value bytes of one request)")
+    max_key_bytes: int = _key(4096, 1, 65536, unit="bytes", doc="longest key (UTF-8)")
+    max_batch_keys: int = _key(8192, 1, 1 << 20, doc="keys in one batch request at most")
+    max_puts_in_progress: int = _key(65536, 1, 1 << 24,
+                                     doc="unfinished puts (all connections) at most")
+    shutdown_grace_ms: int = _key(5000, 0, 3_600_000, unit="ms",
+                                  doc="on SIGTERM, time given to in-flight requests")
+
+
+@dataclass(frozen=True)
+class SegmentsConfig:
+    count: int = _key(1, 1, 256, doc="DRAM segments this node contributes")
+    size_bytes: int = _key(GIB, 4096, 1 << 40, unit="bytes", doc="size of each segment")
+    alignment_bytes: int = _key(64, 8, 2 * MIB, unit="bytes",
+                                doc="allocation granularity (power of two)")
+    max_allocations: int = _key(1 << 20, 1, 1 << 28, doc="live allocations per segment at most")
+    shm_dir: str = _key("/dev/shm", doc="directory of the segments' shared-memory files")
+    shm_mode: int = _key(0o600, 0, 0o777, doc="permission bits of the segment files")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    lease_ttl_ms: int = _key(10_000, 1, 3_600_000, unit="ms", doc="read lease length")
+    put_start_discard_timeout_ms: int = _key(
+        30_000, 1, 86_400_000, unit="ms",
+        doc="an unfinished put older than this may be preempted by a new put of its key")
+    put_start_release_timeout_ms: int = _key(
+        600_000, 1, 86_400_000, unit="ms",
+        doc="an unfinished put older than this is revoked and its space freed")
+    soft_pin_ttl_ms: int = _key(1_800_000, 1, 86_400_000 * 365, unit="ms",
+                                doc="default soft pin length")
+    max_soft_pin_ttl_ms: int = _key(86_400_000, 1, 86_400_000 * 365, unit="ms",
+                                    doc="longest soft pin a client may ask for")
+    eviction_high_watermark_ratio: float = _key(0.9, 0.0, 1.0, unit="ratio",
+                                                doc="evict when used/capacity exceeds this")
+    eviction_ratio: float = _key(0.05, 0.0, 1.0, unit="ratio",
+                                 doc="fraction of capacity one eviction run frees")
+    eviction_interval_ms: int = _key(100, 1, 60_000, unit="ms",
+                                     doc="period of the eviction and expiry sweep")
+    allocation_strategy: str = _key("random", choices=("random", "free_ratio_first"),
+                                    doc="how replicas pick segments")
+    max_objects: int = _key(4_194_304, 1, 1 << 32, doc="objects (all namespaces) at most")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = _key(True, doc="serve Prometheus metrics over HTTP")
+    host: str = _key("127.0.0.1", doc="metrics listen address")
+    port: int = _key(9781, 0, 65535, doc="metrics listen port; 0 = any free port")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = _key("info", choices=("debug", "info", "warning", "error"), doc="log level")
+
+
+@dataclass(frozen=True)
+class Config:
+    node: NodeConfig = field(default_factory=NodeConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    segments: SegmentsConfig = field(default_factory=SegmentsConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    source: str = ""
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name or socket.gethostname()
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in sections()}
+
+
+def sections() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(Config) if f.name != "source"]
+
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _check_value(path: str, section: str, key: str, spec: dataclasses.Field, value: Any) -> Any:
+    where = f"{path}: [{section}] {key}"
+    expected = _TYPES[spec.type]
+    if expected is float and type(value) is int:
+        value = float(value)
+    if type(value) is not expected:
+        raise ConfigError(f"{where} must be {expected.__name__}, not {type(value).__name__}")
+    meta = spec.metadata
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(f"{where} = {value!r} is not one of {', '.join(meta['choices'])}")
+    if meta["min"] is not None and value < meta["min"]:
+        raise ConfigError(f"{where} = {value!r} is below the minimum {meta['min']}")
+    if meta["max"] is not None and value > meta["max"]:
+        raise ConfigError(f"{where} = {value!r} is above the maximum {meta['max']}")
+    return value
+
+
+def from_dict(data: dict[str, Any], path: str = "<config>") -> Config:
+    known = {s.name: s for s in sections()}
+    built = {}
+    for section_name, table in data.items():
+        if section_name not in known:
+            raise ConfigError(f"{path}: unknown section [{section_name}] "
+                              f"(known: {', '.join(known)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{section_name}] must be a table")
+        section_type = known[section_name].default_factory
+        specs = {f.name: f for f in dataclasses.fields(section_type)}
+        values = {}
+        for key, value in table.items():
+            if key not in specs:
+                raise ConfigError(f"{path}: unknown key [{section_name}] {key} "
+                                  f"(known: {', '.join(specs)})")
+            values[key] = _check_value(path, section_name, key, specs[key], value)
+        built[section_name] = section_type(**values)
+    config = Config(**built, source=path)
+    _check_relations(config, path)
+    return config
+
+
+def _check_relations(config: Config, path: str) -> None:
+    segments, store = config.segments, config.store
+    if segments.alignment_bytes & (segments.alignment_bytes - 1):
+        raise ConfigError(f"{path}: [segments] alignment_bytes = {segments.alignment_bytes} "
+                          "must be a power of two")
+    if segments.size_bytes < segments.alignment_bytes:
+        raise ConfigError(f"{path}: [segments] size_bytes must be at least alignment_bytes")
+    if store.put_start_discard_timeout_ms > store.put_start_release_timeout_ms:
+        raise ConfigError(f"{path}: [store] put_start_discard_timeout_ms must not exceed "
+                          "put_start_release_timeout_ms")
+    if store.soft_pin_ttl_ms > store.max_soft_pin_ttl_ms:
+        raise ConfigError(f"{path}: [store] soft_pin_ttl_ms must not exceed max_soft_pin_ttl_ms")
+
+
+def load(path: str | os.PathLike) -> Config:
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return from_dict(data, path)

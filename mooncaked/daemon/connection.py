@@ -1,0 +1,315 @@
+"""One client connection: reads frames, runs handlers, writes responses.
+
+A `BufferedProtocol`, so the kernel copies a request's payload straight into its destination:
+once a put's header is read and its space allocated, `get_buffer` hands out the segment memory
+itself, and the value is never copied in Python. Headers and small frames go through a scratch
+buffer. Responses are written in request order.
+
+What a handler returns (daemon/handlers.py):
+- `Reply(result, payload)`: answer at once;
+- `Incoming(targets, complete, abort)`: the request's payload goes into `targets` in order (a
+  memoryview receives its length in bytes; an int N drops N bytes), then `complete()` gives the Reply. If the connection is lost first,
+  `abort()` undoes what the handler started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from mooncaked.errors import ErrorCode, MooncakedError, code_name
+from mooncaked.proto import framing
+
+log = logging.getLogger(__name__)
+
+SCRATCH_BYTES = 256 * 1024
+DISCARD_BYTES = 256 * 1024
+INLINE_PAYLOAD_BYTES = 64 * 1024  # smaller response payloads are joined to their header
+
+
+class Reply:
+    __slots__ = ("result", "payload")
+
+    def __init__(self, result: Any, payload: list | None = None) -> None:
+        self.result = result
+        self.payload = payload  # a list of buffers, sent in order
+
+
+class Incoming:
+    __slots__ = ("targets", "complete", "abort")
+
+    def __init__(self, targets: list, complete: Callable[[], Reply],
+                 abort: Callable[[], None] | None = None) -> None:
+        self.targets = targets  # per piece: a memoryview to fill, or an int count to drop
+        self.complete = complete
+        self.abort = abort
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, daemon, transport_kind: str) -> None:
+        self.daemon = daemon
+        self.transport_kind = transport_kind  # "tcp" or "unix"
+        self.connection_id = daemon.next_connection_id()
+        self.transport: asyncio.Transport | None = None
+        self.namespace: str | None = None  # set by hello
+        self.client_name = ""
+        # Unfinished shared-memory puts: object key -> (replicas, size_bytes).
+        self.puts_in_progress: dict = {}
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch_view = memoryview(self._scratch)
+        self._start = 0  # unconsumed bytes are scratch[_start:_end]
+        self._end = 0
+        # The request whose payload is being received.
+        self._incoming: Incoming | None = None
+        self._incoming_msgid = 0
+        self._incoming_method = ""
+        self._incoming_started_ns = 0
+        self._target_index = 0
+        self._target_offset = 0
+        self._target_sizes: list[int] = []
+        self._discard: memoryview | None = None
+        self._closing = False
+
+    # -- asyncio protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.daemon.connection_opened(self)
+
+    def connection_lost(self, exc) -> None:
+        if self._incoming is not None and self._incoming.abort is not None:
+            try:
+                self._incoming.abort()
+            except Exception:
+                log.exception("aborting a request of connection %d", self.connection_id)
+        self._incoming = None
+        self.daemon.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        # The client is not reading its responses: stop reading its requests.
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if not self._closing:
+            self.transport.resume_reading()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._incoming is not None and self._start == self._end:
+            target = self._incoming.targets[self._target_index]
+            remaining = self._target_sizes[self._target_index] - self._target_offset
+            if type(target) is int:
+                return self._discard_view()[:remaining]
+            return target[self._target_offset:self._target_offset + remaining]
+        if self._end == len(self._scratch):
+            self._compact()
+        return self._scratch_view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._incoming is not None and self._start == self._end:
+            self._advance_payload(nbytes)
+        else:
+            self._end += nbytes
+        try:
+            self._process()
+        except MooncakedError as exc:
+            self._protocol_error(exc.code, exc.message)
+
+    def eof_received(self):
+        return False  # close our side too
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        daemon = self.daemon
+        prefix = framing.PREFIX
+        while not self._closing:
+            available = self._end - self._start
+            if self._incoming is not None:
+                if available == 0:
+                    return
+                taken = self._fill_from_scratch(available)
+                self._start += taken
+                continue
+            if available < framing.PREFIX_BYTES:
+                break
+            header_length, payload_length = prefix.unpack_from(self._scratch, self._start)
+            framing.check_prefix(header_length, payload_length, daemon.max_header_bytes,
+                                 daemon.max_payload_bytes)
+            frame_head = framing.PREFIX_BYTES + header_length
+            if available < frame_head:
+                if frame_head > len(self._scratch):
+                    self._grow(frame_head)
+                break
+            header_start = self._start + framing.PREFIX_BYTES
+            header = framing.unpack_header(
+                self._scratch_view[header_start:header_start + header_length],
+                daemon.max_header_bytes)
+            self._start += frame_head
+            msgid, method, params = framing.parse_request(header)
+            self._dispatch(msgid, method, params, payload_length)
+        if self._start == self._end:
+            self._start = self._end = 0
+            if len(self._scratch) > SCRATCH_BYTES:  # a large header is gone: shrink back
+                self._scratch_view.release()
+                self._scratch = bytearray(SCRATCH_BYTES)
+                self._scratch_view = memoryview(self._scratch)
+
+    def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
+        started_ns = time.perf_counter_ns()
+        daemon = self.daemon
+        try:
+            handler = daemon.handlers.get(method)
+            if handler is None:
+                raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no method {method!r}")
+            if self.namespace is None and method != "hello":
+                raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
+            outcome = handler(self, params, payload_length)
+        except MooncakedError as exc:
+            outcome = exc
+        except Exception as exc:  # a bug: answer it, log it, keep serving
+            log.exception("handler %s failed", method)
+            outcome = MooncakedError(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        if type(outcome) is Incoming:
+            self._begin_payload(msgid, method, outcome, payload_length, started_ns)
+            return
+        if payload_length and not isinstance(outcome, MooncakedError):
+            outcome = MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
+        if payload_length:  # drop the payload the request carried, then answer
+            error = outcome
+
+            def fail() -> Reply:
+                raise error
+            self._begin_payload(msgid, method, Incoming([payload_length], fail), payload_length,
+                                started_ns)
+            return
+        self._respond(msgid, method, outcome, started_ns)
+
+    def _begin_payload(self, msgid: int, method: str, incoming: Incoming, payload_length: int,
+                       started_ns: int) -> None:
+        sizes = [t if type(t) is int else len(t) for t in incoming.targets]
+        if sum(sizes) != payload_length:
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR, "payload pieces do not add up")
+        self._incoming = incoming
+        self._incoming_msgid = msgid
+        self._incoming_method = method
+        self._incoming_started_ns = started_ns
+        self._target_sizes = sizes
+        self._target_index = 0
+        self._target_offset = 0
+        self.daemon.stats.bytes_in += payload_length
+        self._skip_empty_targets()
+
+    def _skip_empty_targets(self) -> None:
+        sizes = self._target_sizes
+        while self._target_index < len(sizes) and self._target_offset == sizes[self._target_index]:
+            self._target_index += 1
+            self._target_offset = 0
+        if self._target_index == len(sizes):
+            self._finish_payload()
+
+    def _fill_from_scratch(self, available: int) -> int:
+        """Move payload bytes that arrived in the scratch buffer into the current target."""
+        index = self._target_index
+        target = self._incoming.targets[index]
+        count = min(available, self._target_sizes[index] - self._target_offset)
+        if type(target) is not int:
+            target[self._target_offset:self._target_offset + count] = \
+                self._scratch_view[self._start:self._start + count]
+        self._target_offset += count
+        self._skip_empty_targets()
+        return count
+
+    def _advance_payload(self, nbytes: int) -> None:
+        self._target_offset += nbytes
+        self._skip_empty_targets()
+
+    def _finish_payload(self) -> None:
+        incoming, self._incoming = self._incoming, None
+        try:
+            outcome = incoming.complete()
+        except MooncakedError as exc:
+            outcome = exc
+        except Exception as exc:
+            log.exception("completing %s failed", self._incoming_method)
+            outcome = MooncakedError(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        self._respond(self._incoming_msgid, self._incoming_method, outcome,
+                      self._incoming_started_ns)
+
+    # -- responses --------------------------------------------------------------------------
+
+    def _respond(self, msgid: int, method: str, outcome, started_ns: int) -> None:
+        stats = self.daemon.stats
+        transport = self.transport
+        if isinstance(outcome, MooncakedError):
+            transport.write(framing.error_head(msgid, outcome.code, outcome.message))
+            result_name = code_name(outcome.code)
+            if outcome.code in (ErrorCode.VERSION_MISMATCH,):
+                self._close()
+        else:
+            payload = outcome.payload
+            if payload:
+                total = sum(len(p) for p in payload)
+                head = framing.response_head(msgid, outcome.result, total)
+                if total <= INLINE_PAYLOAD_BYTES:
+                    transport.write(b"".join((head, *payload)))
+                else:
+                    transport.write(head)
+                    for piece in payload:
+                        transport.write(piece)
+                stats.bytes_out += total
+            else:
+                transport.write(framing.response_head(msgid, outcome.result))
+            result_name = "ok"
+        stats.record(method, result_name, time.perf_counter_ns() - started_ns)
+        if self.daemon.draining:
+            self.close_if_idle()
+
+    def _protocol_error(self, code: int, message: str) -> None:
+        self.daemon.stats.protocol_errors += 1
+        log.info("connection %d: %s; closing", self.connection_id, message)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(framing.protocol_error_head(code, message))
+        self._close()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Between requests, with no unfinished shared-memory put."""
+        return (self._incoming is None and self._start == self._end
+                and not self.puts_in_progress)
+
+    def close_if_idle(self) -> None:
+        if self.idle():
+            self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()  # flushes what was written, then connection_lost
+
+    def abort(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- buffers ----------------------------------------------------------------------------
+
+    def _compact(self) -> None:
+        unconsumed = self._end - self._start
+        if self._start:
+            self._scratch[:unconsumed] = self._scratch[self._start:self._end]
+            self._start, self._end = 0, unconsumed
+
+    def _grow(self, size: int) -> None:
+        """Make the scratch buffer hold a header of `size` bytes (bounded by the frame check)."""
+        self._compact()
+        self._scratch_view.release()
+        self._scratch.extend(bytes(size - len(self._scratch)))
+        self._scratch_view = memoryview(self._scratch)
+
+    def _discard_view(self) -> memoryview:
+        if self._discard is None:
+            self._discard = memoryview(bytearray(DISCARD_BYTES))
+        return self._discard

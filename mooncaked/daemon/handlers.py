@@ -1,0 +1,494 @@
+"""Request handlers: one `handle_<method>` per wire method (wire/PROTOCOL.md section 5).
+
+A handler checks its params, calls the master, and returns a Reply or an Incoming (see
+daemon/connection.py). It does no I/O of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mooncaked import __version__
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.daemon.connection import Incoming, Reply
+from mooncaked.meta.master import ReplicateConfig
+from mooncaked.proto import framing
+
+NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,255}$")
+ALL_NAMESPACES = "*"
+DEFAULT_LIST_LIMIT = 1000
+
+_TRUE = Reply(True)
+_FALSE = Reply(False)
+_ZERO = Reply(0)
+
+
+def _invalid(message: str) -> MooncakedError:
+    return MooncakedError(ErrorCode.INVALID_PARAMS, message)
+
+
+def _arity(params: list, least: int, most: int, usage: str) -> None:
+    if not least <= len(params) <= most:
+        raise _invalid(f"expected params {usage}, got {len(params)} values")
+
+
+def _optional(params: list, index: int, default: Any) -> Any:
+    if len(params) > index and params[index] is not None:
+        return params[index]
+    return default
+
+
+def _bool(value: Any, name: str) -> bool:
+    if type(value) is not bool:
+        raise _invalid(f"{name} must be a bool")
+    return value
+
+
+def _int(value: Any, name: str, minimum: int = 0) -> int:
+    if type(value) is not int or value < minimum:
+        raise _invalid(f"{name} must be an int >= {minimum}")
+    return value
+
+
+def _key(conn, value: Any) -> tuple[str, str]:
+    if type(value) is not str or not value:
+        raise _invalid("a key must be a non-empty str")
+    if len(value) > conn.daemon.max_key_bytes and \
+            len(value.encode()) > conn.daemon.max_key_bytes:
+        raise _invalid(f"a key must be at most {conn.daemon.max_key_bytes} bytes")
+    return (conn.namespace, value)
+
+
+def _keys(conn, value: Any) -> list[tuple[str, str]]:
+    if type(value) is not list:
+        raise _invalid("keys must be an array of str")
+    if len(value) > conn.daemon.max_batch_keys:
+        raise _invalid(f"a batch holds at most {conn.daemon.max_batch_keys} keys")
+    return [_key(conn, k) for k in value]
+
+
+def _sizes(value: Any, count: int) -> list[int]:
+    if type(value) is not list or len(value) != count:
+        raise _invalid("sizes must be an array with one int per key")
+    for size in value:
+        if type(size) is not int or size <= 0:
+            raise _invalid("each size must be an int >= 1")
+    return value
+
+
+_CONFIG_KEYS = {"replica_num", "preferred_segments", "with_soft_pin", "soft_pin_ttl_ms",
+                "with_hard_pin"}
+_DEFAULT_CONFIG = ReplicateConfig()
+
+
+def _replicate_config(conn, value: Any) -> ReplicateConfig:
+    if value is None:
+        return _DEFAULT_CONFIG
+    if type(value) is not dict:
+        raise _invalid("config must be a map or nil")
+    unknown = set(value) - _CONFIG_KEYS
+    if unknown:
+        raise _invalid(f"unknown config keys: {', '.join(sorted(map(str, unknown)))}")
+    replica_num = _int(value.get("replica_num", 1), "replica_num", 1)
+    preferred = value.get("preferred_segments", [])
+    if type(preferred) is not list or any(type(p) is not str for p in preferred):
+        raise _invalid("preferred_segments must be an array of str")
+    soft_pin = _bool(value.get("with_soft_pin", False), "with_soft_pin")
+    ttl = value.get("soft_pin_ttl_ms")
+    if ttl is not None:
+        if not soft_pin:
+            raise _invalid("soft_pin_ttl_ms needs with_soft_pin")
+        ttl = _int(ttl, "soft_pin_ttl_ms", 1)
+    elif soft_pin:
+        ttl = conn.daemon.config.store.soft_pin_ttl_ms
+    config = ReplicateConfig(replica_num, tuple(preferred), ttl,
+                             _bool(value.get("with_hard_pin", False), "with_hard_pin"))
+    conn.daemon.master.check_replicate_config(config)
+    return config
+
+
+# -- handshake ----------------------------------------------------------------------------------
+
+def handle_hello(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[options]")
+    options = params[0]
+    if type(options) is not dict:
+        raise _invalid("hello takes one map")
+    unknown = set(options) - {"protocol", "namespace", "client_name"}
+    if unknown:
+        raise _invalid(f"unknown hello keys: {', '.join(sorted(map(str, unknown)))}")
+    if options.get("protocol") != framing.PROTOCOL_VERSION:
+        raise MooncakedError(ErrorCode.VERSION_MISMATCH,
+                             f"this daemon speaks protocol {framing.PROTOCOL_VERSION}, "
+                             f"the client asked for {options.get('protocol')!r}")
+    namespace = options.get("namespace", "default")
+    if type(namespace) is not str or not NAMESPACE_PATTERN.match(namespace):
+        raise _invalid("namespace must be 1-255 characters of [A-Za-z0-9._:/-]")
+    client_name = options.get("client_name", "")
+    if type(client_name) is not str:
+        raise _invalid("client_name must be a str")
+    conn.namespace = namespace
+    conn.client_name = client_name[:255]
+    daemon = conn.daemon
+    return Reply({
+        "protocol": framing.PROTOCOL_VERSION,
+        "server_version": __version__,
+        "node_name": daemon.node_name,
+        "pid": daemon.pid,
+        "namespace": namespace,
+        "max_header_bytes": daemon.max_header_bytes,
+        "max_payload_bytes": daemon.max_payload_bytes,
+        "max_key_bytes": daemon.max_key_bytes,
+        "lease_ttl_ms": daemon.config.store.lease_ttl_ms,
+        "segments": daemon.segment_descriptions() if conn.transport_kind == "unix" else [],
+    })
+
+
+def handle_ping(conn, params: list, payload_length: int) -> Reply:
+    return Reply("pong")
+
+
+# -- values through the socket ------------------------------------------------------------------
+
+def _receive_put(conn, key, payload_length: int, config: ReplicateConfig, upsert: bool):
+    """Start a put whose bytes come in the payload: returns the targets and the replicas."""
+    daemon = conn.daemon
+    replicas = daemon.master.put_start(key, payload_length, config, upsert, conn.connection_id,
+                                       daemon.now_ms())
+    return daemon.replica_view(replicas[0], payload_length), replicas
+
+
+def _put(conn, params: list, payload_length: int, upsert: bool):
+    _arity(params, 1, 2, "[key, config?]")
+    key = _key(conn, params[0])
+    config = _replicate_config(conn, _optional(params, 1, None))
+    if payload_length == 0:
+        raise _invalid("a value must have at least 1 byte")
+    daemon = conn.daemon
+    try:
+        target, replicas = _receive_put(conn, key, payload_length, config, upsert)
+    except MooncakedError as exc:
+        if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:  # write-once: drop the bytes
+            return Incoming([payload_length], lambda: _FALSE)
+        raise
+
+    def complete() -> Reply:
+        daemon.copy_to_other_replicas(replicas, payload_length)
+        daemon.master.put_end(key, conn.connection_id, daemon.now_ms())
+        return _TRUE
+
+    def abort() -> None:
+        daemon.master.put_revoke(key, conn.connection_id)
+    return Incoming([target], complete, abort)
+
+
+def handle_put(conn, params: list, payload_length: int):
+    return _put(conn, params, payload_length, upsert=False)
+
+
+def handle_upsert(conn, params: list, payload_length: int):
+    return _put(conn, params, payload_length, upsert=True)
+
+
+def handle_get(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[key]")
+    daemon = conn.daemon
+    version = daemon.master.get(_key(conn, params[0]), daemon.now_ms())
+    if version is None:
+        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    return Reply(version.size_bytes,
+                 [daemon.replica_view(version.replicas[0], version.size_bytes)])
+
+
+def handle_exists(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[key]")
+    daemon = conn.daemon
+    return _TRUE if daemon.master.exists(_key(conn, params[0]), daemon.now_ms()) else _FALSE
+
+
+def handle_get_size(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[key]")
+    daemon = conn.daemon
+    version = daemon.master.get(_key(conn, params[0]), daemon.now_ms())
+    if version is None:
+        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    return Reply(version.size_bytes)
+
+
+def handle_remove(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 2, "[key, force?]")
+    daemon = conn.daemon
+    force = _bool(_optional(params, 1, False), "force")
+    daemon.master.remove(_key(conn, params[0]), force, daemon.now_ms())
+    return _ZERO
+
+
+def handle_remove_by_regex(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 2, "[pattern, force?]")
+    if type(params[0]) is not str:
+        raise _invalid("pattern must be a str")
+    try:
+        pattern = re.compile(params[0])
+    except re.error as exc:
+        raise _invalid(f"bad regular expression: {exc}") from None
+    force = _bool(_optional(params, 1, False), "force")
+    daemon = conn.daemon
+    return Reply(daemon.master.remove_matching(conn.namespace, pattern, force, daemon.now_ms()))
+
+
+def handle_remove_all(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 1, "[force?]")
+    force = _bool(_optional(params, 0, False), "force")
+    daemon = conn.daemon
+    return Reply(daemon.master.remove_matching(conn.namespace, None, force, daemon.now_ms()))
+
+
+def handle_batch_put(conn, params: list, payload_length: int):
+    _arity(params, 2, 3, "[keys, sizes, config?]")
+    keys = _keys(conn, params[0])
+    sizes = _sizes(params[1], len(keys))
+    config = _replicate_config(conn, _optional(params, 2, None))
+    if sum(sizes) != payload_length:
+        raise _invalid(f"sizes add up to {sum(sizes)} but the payload has {payload_length} bytes")
+    if len(set(keys)) != len(keys):
+        raise _invalid("a batch must not repeat a key")
+    daemon = conn.daemon
+    targets, codes, started = [], [], []
+    for key, size in zip(keys, sizes):
+        try:
+            target, replicas = _receive_put(conn, key, size, config, False)
+        except MooncakedError as exc:
+            targets.append(size)
+            codes.append(1 if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS else exc.code)
+            continue
+        targets.append(target)
+        codes.append(0)
+        started.append((key, replicas, size))
+
+    def complete() -> Reply:
+        now_ms = daemon.now_ms()
+        for key, replicas, size in started:
+            daemon.copy_to_other_replicas(replicas, size)
+            daemon.master.put_end(key, conn.connection_id, now_ms)
+        return Reply(codes)
+
+    def abort() -> None:
+        for key, _, _ in started:
+            daemon.master.put_revoke(key, conn.connection_id)
+    return Incoming(targets, complete, abort)
+
+
+def handle_batch_get(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[keys]")
+    keys = _keys(conn, params[0])
+    daemon = conn.daemon
+    now_ms = daemon.now_ms()
+    results, pieces = [], []
+    for key in keys:
+        version = daemon.master.get(key, now_ms)
+        if version is None:
+            results.append(int(ErrorCode.OBJECT_NOT_FOUND))
+        else:
+            results.append(version.size_bytes)
+            pieces.append(daemon.replica_view(version.replicas[0], version.size_bytes))
+    return Reply(results, pieces)
+
+
+def handle_batch_exists(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[keys]")
+    keys = _keys(conn, params[0])
+    daemon = conn.daemon
+    exists, now_ms = daemon.master.exists, daemon.now_ms()
+    return Reply([1 if exists(key, now_ms) else 0 for key in keys])
+
+
+def handle_batch_remove(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 2, "[keys, force?]")
+    keys = _keys(conn, params[0])
+    force = _bool(_optional(params, 1, False), "force")
+    daemon = conn.daemon
+    now_ms = daemon.now_ms()
+    codes = []
+    for key in keys:
+        try:
+            daemon.master.remove(key, force, now_ms)
+            codes.append(0)
+        except MooncakedError as exc:
+            codes.append(exc.code)
+    return Reply(codes)
+
+
+# -- values through shared memory ---------------------------------------------------------------
+
+def _start_shared_put(conn, key, size: int, config: ReplicateConfig) -> list[int]:
+    daemon = conn.daemon
+    if daemon.puts_in_progress() >= daemon.config.server.max_puts_in_progress:
+        raise MooncakedError(ErrorCode.BUSY, "too many puts in progress")
+    replicas = daemon.master.put_start(key, size, config, False, conn.connection_id,
+                                       daemon.now_ms())
+    conn.puts_in_progress[key] = (replicas, size)
+    first = replicas[0]
+    return [first.segment_id, first.offset]
+
+
+def _end_shared_put(conn, key) -> None:
+    daemon = conn.daemon
+    started = conn.puts_in_progress.get(key)
+    if started is not None:
+        daemon.copy_to_other_replicas(*started)
+    daemon.master.put_end(key, conn.connection_id, daemon.now_ms())
+    conn.puts_in_progress.pop(key, None)
+
+
+def _revoke_shared_put(conn, key) -> None:
+    conn.daemon.master.put_revoke(key, conn.connection_id)
+    conn.puts_in_progress.pop(key, None)
+
+
+def _require_unix(conn) -> None:
+    if conn.transport_kind != "unix":
+        raise MooncakedError(ErrorCode.NOT_SUPPORTED,
+                             "shared-memory transfers need the Unix socket")
+
+
+def handle_put_start(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 2, 3, "[key, size, config?]")
+    key = _key(conn, params[0])
+    size = _int(params[1], "size", 1)
+    return Reply(_start_shared_put(conn, key, size,
+                                   _replicate_config(conn, _optional(params, 2, None))))
+
+
+def handle_put_end(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[key]")
+    _end_shared_put(conn, _key(conn, params[0]))
+    return _ZERO
+
+
+def handle_put_revoke(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[key]")
+    _revoke_shared_put(conn, _key(conn, params[0]))
+    return _ZERO
+
+
+def _per_key(function, keys) -> list:
+    results = []
+    for key in keys:
+        try:
+            results.append(function(key))
+        except MooncakedError as exc:
+            results.append(exc.code)
+    return results
+
+
+def handle_batch_put_start(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 2, 3, "[keys, sizes, config?]")
+    keys = _keys(conn, params[0])
+    sizes = dict(zip(keys, _sizes(params[1], len(keys))))
+    if len(sizes) != len(keys):
+        raise _invalid("a batch must not repeat a key")
+    config = _replicate_config(conn, _optional(params, 2, None))
+    return Reply(_per_key(lambda key: _start_shared_put(conn, key, sizes[key], config), keys))
+
+
+def handle_batch_put_end(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[keys]")
+    return Reply(_per_key(lambda key: _end_shared_put(conn, key) or 0,
+                          _keys(conn, params[0])))
+
+
+def handle_batch_put_revoke(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 1, "[keys]")
+    return Reply(_per_key(lambda key: _revoke_shared_put(conn, key) or 0,
+                          _keys(conn, params[0])))
+
+
+def _replica_location(conn, key, now_ms: int) -> list[int]:
+    version = conn.daemon.master.get(key, now_ms)
+    if version is None:
+        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    replica = conn.daemon.local_replica(version)
+    return [replica.segment_id, replica.offset, version.size_bytes]
+
+
+def handle_get_replica(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 1, 1, "[key]")
+    return Reply(_replica_location(conn, _key(conn, params[0]), conn.daemon.now_ms()))
+
+
+def handle_batch_get_replica(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 1, 1, "[keys]")
+    now_ms = conn.daemon.now_ms()
+    return Reply(_per_key(lambda key: _replica_location(conn, key, now_ms),
+                          _keys(conn, params[0])))
+
+
+# -- administration -----------------------------------------------------------------------------
+
+def handle_status(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
+    return Reply(conn.daemon.status())
+
+
+def handle_segments(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
+    return Reply(conn.daemon.segment_report())
+
+
+def _namespace_filter(conn, value: Any) -> str | None:
+    if value is None:
+        return conn.namespace
+    if type(value) is not str:
+        raise _invalid("namespace must be a str")
+    return None if value == ALL_NAMESPACES else value
+
+
+def handle_objects_list(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 4, "[prefix?, regex?, namespace?, limit?]")
+    prefix = _optional(params, 0, "")
+    regex = _optional(params, 1, None)
+    if type(prefix) is not str or (regex is not None and type(regex) is not str):
+        raise _invalid("prefix and regex must be str")
+    try:
+        pattern = re.compile(regex) if regex is not None else None
+    except re.error as exc:
+        raise _invalid(f"bad regular expression: {exc}") from None
+    namespace = _namespace_filter(conn, _optional(params, 2, None))
+    limit = _int(_optional(params, 3, DEFAULT_LIST_LIMIT), "limit", 1)
+    daemon = conn.daemon
+    found = []
+    for key, entry in daemon.master.state.objects.items():
+        if namespace is not None and key[0] != namespace:
+            continue
+        if not key[1].startswith(prefix) or (pattern and not pattern.search(key[1])):
+            continue
+        found.append(daemon.describe_object(key, entry))
+        if len(found) >= limit:
+            break
+    return Reply(found)
+
+
+def handle_object_stat(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 1, 2, "[key, namespace?]")
+    if type(params[0]) is not str:
+        raise _invalid("key must be a str")
+    namespace = _namespace_filter(conn, _optional(params, 1, None)) or conn.namespace
+    key = (namespace, params[0])
+    entry = conn.daemon.master.state.objects.get(key)
+    if entry is None:
+        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    return Reply(conn.daemon.describe_object(key, entry))
+
+
+def handle_config_show(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
+    return Reply(conn.daemon.config.as_dict())
+
+
+HANDLERS = {name[len("handle_"):]: function for name, function in globals().items()
+            if name.startswith("handle_")}

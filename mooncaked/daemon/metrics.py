@@ -1,0 +1,147 @@
+"""Counters kept on the request path, and their Prometheus exposition.
+
+The request path only adds to plain integers (a dict lookup and an add); the Prometheus
+families are built when a scrape asks (`StatsCollector`). Names follow Prometheus practice:
+`mooncaked_` prefix, base units, `_total` on counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+
+log = logging.getLogger(__name__)
+
+# Request latency buckets, seconds: 10 µs .. 10 s.
+LATENCY_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                     5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BUCKET_BOUNDS_NS = [int(b * 1e9) for b in LATENCY_BUCKETS_S]
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = {}  # (method, result) -> count
+        # method -> [bucket counts..., +Inf count], sum in ns
+        self.latency_buckets: dict[str, list[int]] = {}
+        self.latency_sum_ns: dict[str, int] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.connections_total = 0
+        self.protocol_errors = 0
+
+    def record(self, method: str, result: str, duration_ns: int) -> None:
+        key = (method, result)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        buckets = self.latency_buckets.get(method)
+        if buckets is None:
+            buckets = self.latency_buckets[method] = [0] * (len(_BUCKET_BOUNDS_NS) + 1)
+            self.latency_sum_ns[method] = 0
+        buckets[bisect.bisect_left(_BUCKET_BOUNDS_NS, duration_ns)] += 1
+        self.latency_sum_ns[method] += duration_ns
+
+
+class StatsCollector:
+    """Builds the metric families from the daemon's state at scrape time."""
+
+    def __init__(self, daemon) -> None:
+        self._daemon = daemon
+
+    def collect(self):
+        daemon = self._daemon
+        stats: Stats = daemon.stats
+        requests = CounterMetricFamily("mooncaked_requests", "Requests handled, by method and "
+                                       "result (ok or an error name)", labels=["method", "result"])
+        for (method, result), count in list(stats.requests.items()):
+            requests.add_metric([method, result], count)
+        yield requests
+        latency = HistogramMetricFamily("mooncaked_request_duration_seconds",
+                                        "Time from a request's header to its response",
+                                        labels=["method"])
+        for method, buckets in list(stats.latency_buckets.items()):
+            cumulative, running = [], 0
+            for bound, count in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), buckets):
+                running += count
+                cumulative.append((bound, running))
+            latency.add_metric([method], cumulative, stats.latency_sum_ns[method] / 1e9)
+        yield latency
+        payload = CounterMetricFamily("mooncaked_payload_bytes", "Value bytes received (in) "
+                                      "and sent (out) over sockets", labels=["direction"])
+        payload.add_metric(["in"], stats.bytes_in)
+        payload.add_metric(["out"], stats.bytes_out)
+        yield payload
+        used = GaugeMetricFamily("mooncaked_segment_used_bytes", "Bytes allocated in a segment",
+                                 labels=["segment"])
+        capacity = GaugeMetricFamily("mooncaked_segment_capacity_bytes", "Size of a segment",
+                                     labels=["segment"])
+        for segment in daemon.master.state.segment_list:
+            used.add_metric([segment.name], segment.allocator.used_bytes)
+            capacity.add_metric([segment.name], segment.allocator.capacity_bytes)
+        yield used
+        yield capacity
+        evictions = daemon.master.evictions
+        yield CounterMetricFamily("mooncaked_evictions", "Eviction runs that freed something",
+                                  value=evictions.runs)
+        yield CounterMetricFamily("mooncaked_evicted_objects", "Objects evicted",
+                                  value=evictions.objects)
+        yield CounterMetricFamily("mooncaked_evicted_bytes", "Bytes freed by eviction",
+                                  value=evictions.bytes)
+        now_ms = daemon.now_ms()
+        yield GaugeMetricFamily("mooncaked_leases", "Objects under a read lease",
+                                value=daemon.master.active_leases(now_ms))
+        yield GaugeMetricFamily("mooncaked_objects", "Objects in the store (all namespaces)",
+                                value=len(daemon.master.state.objects))
+        yield GaugeMetricFamily("mooncaked_connections", "Open client connections",
+                                value=len(daemon.connections))
+        yield CounterMetricFamily("mooncaked_protocol_errors", "Connections closed for "
+                                  "malformed input", value=stats.protocol_errors)
+
+
+def make_registry(daemon) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(daemon))
+    return registry
+
+
+class MetricsServer:
+    """A minimal HTTP/1.0 server for GET /metrics (and /health), on the daemon's own loop."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 5.0)
+            while (await asyncio.wait_for(reader.readline(), 5.0)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request_line.split()
+            path = parts[1].decode("latin-1") if len(parts) >= 2 else ""
+            if parts[:1] == [b"GET"] and path.split("?")[0] == "/metrics":
+                status, body = "200 OK", generate_latest(self._registry)
+                content_type = "text/plain; version=0.0.4; charset=utf-8"
+            elif parts[:1] == [b"GET"] and path == "/health":
+                status, body, content_type = "200 OK", b"ok\n", "text/plain"
+            else:
+                status, body, content_type = "404 Not Found", b"not found\n", "text/plain"
+            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()

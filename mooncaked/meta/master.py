@@ -1,0 +1,206 @@
+"""The master: store semantics on top of the replicated state machine.
+
+Every mutation goes through `propose(command)`. On a single node that applies the command at
+once; in a cluster the same call will append it to the Raft log and resolve once it is applied.
+What is local to the master and never replicated: read leases, the access order used for
+eviction, and the choice of random seeds.
+
+Time is passed in (`now_ms`, a monotonic clock in milliseconds); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+from mooncaked.config import StoreConfig
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import commands as c
+from mooncaked.meta.state_machine import Replica, StateMachine, Version
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicateConfig:
+    replica_num: int = 1
+    preferred_segments: tuple[str, ...] = ()
+    soft_pin_ttl_ms: int | None = None  # None: no soft pin
+    hard_pin: bool = False
+
+
+@dataclass
+class EvictionStats:
+    runs: int = 0
+    objects: int = 0
+    bytes: int = 0
+    by_reason: dict = field(default_factory=dict)
+
+
+class Master:
+    def __init__(self, state: StateMachine, store_config: StoreConfig, seed: int = 0) -> None:
+        self.state = state
+        self.config = store_config
+        self.lease_ttl_ms = store_config.lease_ttl_ms
+        # Complete, evictable-in-principle objects in order of last access; the value is the
+        # end of the object's read lease (or the time it became readable, if never read).
+        # Leases all have the same length, so this is oldest-lease-first order.
+        self.access: dict[c.ObjectKey, int] = {}
+        self.evictions = EvictionStats()
+        self._rng = random.Random(seed)
+
+    def propose(self, command):
+        return self.state.apply(command)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _grant_lease(self, key: c.ObjectKey, now_ms: int) -> None:
+        access = self.access
+        expiry = now_ms + self.lease_ttl_ms
+        previous = access.pop(key, 0)
+        access[key] = expiry if expiry > previous else previous
+
+    def lease_end_ms(self, key: c.ObjectKey) -> int:
+        return self.access.get(key, 0)
+
+    def leased(self, key: c.ObjectKey, now_ms: int) -> bool:
+        return self.access.get(key, 0) > now_ms
+
+    def active_leases(self, now_ms: int) -> int:
+        return sum(1 for expiry in self.access.values() if expiry > now_ms)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get(self, key: c.ObjectKey, now_ms: int) -> Version | None:
+        """The readable version of a key, leased for one TTL; None when there is none."""
+        entry = self.state.objects.get(key)
+        if entry is None or entry.complete is None:
+            return None
+        self._grant_lease(key, now_ms)
+        return entry.complete
+
+    def exists(self, key: c.ObjectKey, now_ms: int) -> bool:
+        return self.get(key, now_ms) is not None
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def check_replicate_config(self, config: ReplicateConfig) -> None:
+        if config.replica_num < 1:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "replica_num must be at least 1")
+        ttl = config.soft_pin_ttl_ms
+        if ttl is not None and not 1 <= ttl <= self.config.max_soft_pin_ttl_ms:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"soft_pin_ttl_ms must be in 1..{self.config.max_soft_pin_ttl_ms}")
+
+    def put_start(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
+                  upsert: bool, writer_id: int, now_ms: int) -> list[Replica]:
+        if size_bytes <= 0:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a value must have at least 1 byte")
+        command = c.PutStart(key, size_bytes, config.replica_num, config.preferred_segments,
+                             config.soft_pin_ttl_ms, config.hard_pin, upsert, writer_id, now_ms,
+                             self._rng.getrandbits(32))
+        try:
+            return self.propose(command)
+        except MooncakedError as exc:
+            if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
+                raise
+        # No room: evict what may be evicted, at least enough for this value, and try once more.
+        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1)
+        return self.propose(command)
+
+    def put_end(self, key: c.ObjectKey, writer_id: int, now_ms: int) -> None:
+        # An upsert's old bytes stay until the end of the key's current read lease.
+        replaced_release_at = max(now_ms, self.lease_end_ms(key))
+        self.propose(c.PutEnd(key, writer_id, now_ms, replaced_release_at))
+        self.access.pop(key, None)
+        self.access[key] = now_ms
+
+    def put_revoke(self, key: c.ObjectKey, writer_id: int) -> None:
+        self.propose(c.PutRevoke(key, writer_id))
+
+    # -- removal ----------------------------------------------------------------------------
+
+    def remove(self, key: c.ObjectKey, force: bool, now_ms: int) -> None:
+        entry = self.state.objects.get(key)
+        if entry is not None and entry.complete is not None and not force \
+                and self.leased(key, now_ms):
+            raise MooncakedError(ErrorCode.OBJECT_HAS_LEASE, "the object has a read lease")
+        # A forced remove hides the object now; its bytes stay until the lease ends.
+        self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+        self.access.pop(key, None)
+
+    def remove_matching(self, namespace: str | None, pattern: re.Pattern | None, force: bool,
+                        now_ms: int) -> int:
+        """Remove readable objects of a namespace (all if None) whose key matches the pattern.
+
+        Leased objects are skipped unless forced; objects being written are always skipped.
+        """
+        selected = [key for key, entry in self.state.objects.items()
+                    if entry.complete is not None
+                    and (namespace is None or key[0] == namespace)
+                    and (pattern is None or pattern.search(key[1]))
+                    and (force or not self.leased(key, now_ms))]
+        for key in selected:
+            self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+            self.access.pop(key, None)
+        return len(selected)
+
+    # -- eviction and expiry ----------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> None:
+        """The periodic sweep: deadlines first, then eviction above the high watermark."""
+        self.propose(c.ReleaseExpired(now_ms))
+        self.evict(now_ms)
+
+    def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0) -> int:
+        """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.
+
+        Frees about `eviction_ratio` of the capacity (more when further over the watermark),
+        never a leased, being-written or hard-pinned object; soft-pinned objects are taken
+        only in a second pass, when the first freed less than the lower bound.
+        Returns the number of objects evicted.
+        """
+        state, config = self.state, self.config
+        capacity = state.capacity_bytes()
+        if capacity == 0:
+            return 0
+        used_ratio = state.used_bytes() / capacity
+        high = config.eviction_high_watermark_ratio
+        over_objects = len(state.objects) - state.max_objects + need_objects
+        if used_ratio <= high and need_bytes == 0 and over_objects <= 0:
+            return 0
+        target_ratio = max(config.eviction_ratio, used_ratio - high + config.eviction_ratio)
+        target_bytes = max(int(target_ratio * capacity), need_bytes)
+        lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
+        chosen: list[c.ObjectKey] = []
+        freed = self._select(now_ms, chosen, target_bytes, over_objects, soft_pinned=False)
+        if freed < lower_bytes or len(chosen) < over_objects:
+            freed += self._select(now_ms, chosen, target_bytes - freed,
+                                  over_objects - len(chosen), soft_pinned=True)
+        if not chosen:
+            return 0
+        freed_bytes = self.propose(c.Evict(tuple(chosen)))
+        for key in chosen:
+            self.access.pop(key, None)
+        self.evictions.runs += 1
+        self.evictions.objects += len(chosen)
+        self.evictions.bytes += freed_bytes
+        return len(chosen)
+
+    def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
+                soft_pinned: bool) -> int:
+        objects = self.state.objects
+        taken = set(chosen)
+        freed = 0
+        for key, lease_end in self.access.items():
+            if freed >= want_bytes and len(chosen) >= want_objects:
+                break
+            if lease_end > now_ms or key in taken:
+                continue
+            entry = objects.get(key)
+            if entry is None or entry.complete is None or entry.hard_pin:
+                continue
+            if entry.soft_pinned(now_ms) != soft_pinned:
+                continue
+            chosen.append(key)
+            freed += entry.complete.size_bytes * len(entry.complete.replicas)
+        return freed
