@@ -9,6 +9,7 @@ the key and the file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -130,6 +131,8 @@ def _check_value(path: str, section: str, key: str, spec: dataclasses.Field, val
         value = float(value)
     if type(value) is not expected:
         raise ConfigError(f"{where} must be {expected.__name__}, not {type(value).__name__}")
+    if expected is float and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, not {value!r}")
     meta = spec.metadata
     if meta["choices"] is not None and value not in meta["choices"]:
         raise ConfigError(f"{where} = {value!r} is not one of {', '.join(meta['choices'])}")

@@ -92,17 +92,28 @@ class DaemonProcess:
     def wait_for_notification(self, field: str, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.read_notifications(0.1)
             if any(field in n.split("\n") for n in self.notifications):
                 return
             if self.process.poll() is not None:
+                self.read_notifications(0)  # what it sent just before exiting
+                if any(field in n.split("\n") for n in self.notifications):
+                    return
                 raise RuntimeError(f"mooncaked exited with {self.process.returncode}:\n"
                                    + self.log())
-            self._notify.settimeout(0.1)
-            try:
-                self.notifications.append(self._notify.recv(4096).decode())
-            except socket.timeout:
-                pass
         raise TimeoutError(f"no {field} from mooncaked within {timeout_s} s:\n" + self.log())
+
+    def read_notifications(self, wait_s: float) -> None:
+        """Move queued sd_notify datagrams into `notifications` (waiting up to wait_s)."""
+        self._notify.settimeout(wait_s if wait_s > 0 else None)
+        if wait_s <= 0:
+            self._notify.setblocking(False)
+        try:
+            while True:
+                self.notifications.append(self._notify.recv(4096).decode())
+                self._notify.setblocking(False)
+        except (socket.timeout, BlockingIOError):
+            pass
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -119,6 +130,8 @@ class DaemonProcess:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
             raise
+        finally:
+            self.read_notifications(0)
 
     def close(self) -> None:
         try:

@@ -152,7 +152,6 @@ class Connection(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
             if len(self._scratch) > SCRATCH_BYTES:  # a large header is gone: shrink back
-                self._scratch_view.release()
                 self._scratch = bytearray(SCRATCH_BYTES)
                 self._scratch_view = memoryview(self._scratch)
 
@@ -303,11 +302,16 @@ class Connection(asyncio.BufferedProtocol):
             self._start, self._end = 0, unconsumed
 
     def _grow(self, size: int) -> None:
-        """Make the scratch buffer hold a header of `size` bytes (bounded by the frame check)."""
-        self._compact()
-        self._scratch_view.release()
-        self._scratch.extend(bytes(size - len(self._scratch)))
-        self._scratch_view = memoryview(self._scratch)
+        """Make the scratch buffer hold a header of `size` bytes (bounded by the frame check).
+
+        A new buffer, not a resize: asyncio may still hold a view of the old one.
+        """
+        unconsumed = self._end - self._start
+        bigger = bytearray(size)
+        bigger[:unconsumed] = self._scratch_view[self._start:self._end]
+        self._scratch = bigger
+        self._scratch_view = memoryview(bigger)
+        self._start, self._end = 0, unconsumed
 
     def _discard_view(self) -> memoryview:
         if self._discard is None:

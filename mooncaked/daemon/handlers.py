@@ -477,7 +477,9 @@ def handle_object_stat(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 2, "[key, namespace?]")
     if type(params[0]) is not str:
         raise _invalid("key must be a str")
-    namespace = _namespace_filter(conn, _optional(params, 1, None)) or conn.namespace
+    namespace = _optional(params, 1, conn.namespace)
+    if type(namespace) is not str or namespace == ALL_NAMESPACES:
+        raise _invalid("namespace must name one namespace")
     key = (namespace, params[0])
     entry = conn.daemon.master.state.objects.get(key)
     if entry is None:

@@ -275,6 +275,16 @@ class Daemon:
             self._drained.set()
         self.stop_requested.set()
 
+    def abandon(self) -> None:
+        """Undo a start-up that failed part way: listeners closed, segment files removed."""
+        for server in self._servers:
+            server.close()
+        if self._metrics is not None:
+            self._metrics.close()
+        for memory in self.memory.values():
+            memory.close()
+        self._notifier.close()
+
     async def stop(self) -> None:
         grace_s = self.config.server.shutdown_grace_ms / 1000
         try:
@@ -302,7 +312,11 @@ class Daemon:
 
 async def serve(config: config_module.Config) -> None:
     daemon = Daemon(config)
-    await daemon.start()
+    try:
+        await daemon.start()
+    except BaseException:
+        daemon.abandon()
+        raise
     await daemon.stop_requested.wait()
     await daemon.stop()
 

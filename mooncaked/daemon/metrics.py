@@ -69,8 +69,8 @@ class StatsCollector:
                 cumulative.append((bound, running))
             latency.add_metric([method], cumulative, stats.latency_sum_ns[method] / 1e9)
         yield latency
-        payload = CounterMetricFamily("mooncaked_payload_bytes", "Value bytes received (in) "
-                                      "and sent (out) over sockets", labels=["direction"])
+        payload = CounterMetricFamily("mooncaked_payload_bytes", "Payload bytes read from "
+                                      "(in) and written to (out) client sockets", labels=["direction"])
         payload.add_metric(["in"], stats.bytes_in)
         payload.add_metric(["out"], stats.bytes_out)
         yield payload
@@ -124,8 +124,8 @@ class MetricsServer:
             while (await asyncio.wait_for(reader.readline(), 5.0)) not in (b"\r\n", b"\n", b""):
                 pass
             parts = request_line.split()
-            path = parts[1].decode("latin-1") if len(parts) >= 2 else ""
-            if parts[:1] == [b"GET"] and path.split("?")[0] == "/metrics":
+            path = parts[1].decode("latin-1").split("?")[0] if len(parts) >= 2 else ""
+            if parts[:1] == [b"GET"] and path == "/metrics":
                 status, body = "200 OK", generate_latest(self._registry)
                 content_type = "text/plain; version=0.0.4; charset=utf-8"
             elif parts[:1] == [b"GET"] and path == "/health":

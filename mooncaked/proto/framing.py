@@ -80,8 +80,8 @@ def unpack_header(data, max_header_bytes: int) -> Any:
 
 def parse_request(header: Any) -> tuple[int, str, list]:
     """Check a decoded header is `[0, msgid, method, params]`; return its parts."""
-    if (type(header) is not list or len(header) != 4 or header[0] != REQUEST
-            or type(header[1]) is not int or not 0 <= header[1] <= U32_MAX
+    if (type(header) is not list or len(header) != 4 or type(header[0]) is not int
+            or header[0] != REQUEST or type(header[1]) is not int or not 0 <= header[1] <= U32_MAX
             or type(header[2]) is not str or type(header[3]) is not list):
         raise MooncakedError(ErrorCode.PROTOCOL_ERROR,
                              "a request must be [0, msgid:u32, method:str, params:array]")
@@ -93,11 +93,12 @@ def parse_response(header: Any) -> tuple[int, Any, Any]:
 
     Returns (msgid, error, result); a notification raises the error it carries.
     """
-    if type(header) is list and len(header) == 3 and header[0] == NOTIFICATION:
+    if (type(header) is list and len(header) == 3 and type(header[0]) is int
+            and header[0] == NOTIFICATION):
         code, message = _error_parts(header[2])
         raise MooncakedError(code, message)
-    if (type(header) is not list or len(header) != 4 or header[0] != RESPONSE
-            or type(header[1]) is not int):
+    if (type(header) is not list or len(header) != 4 or type(header[0]) is not int
+            or header[0] != RESPONSE or type(header[1]) is not int):
         raise MooncakedError(ErrorCode.PROTOCOL_ERROR, f"not a response: {header!r:.200}")
     return header[1], header[2], header[3]
 

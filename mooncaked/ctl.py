@@ -1,0 +1,297 @@
+"""mooncakectl: the admin command line for a running mooncaked.
+
+This file owns the CLI: its options, its commands, its two output formats and its exit codes.
+It talks to the daemon only through `BlockingClient` and the administration methods of
+wire/PROTOCOL.md section 5.3.
+
+    mooncakectl [-a ADDRESS] [-n NAMESPACE] [-o table|json] COMMAND
+
+    status                       the daemon's state
+    segments                     each segment's size and usage
+    objects ls [--prefix P] [--regex R] [--all-namespaces] [--limit N]
+    objects stat KEY
+    objects rm KEY [--force]
+    config show                  the effective configuration
+
+`--address` accepts `unix:PATH`, `/PATH` or `HOST:PORT` (default: $MOONCAKED_ADDRESS, else
+`unix:/run/mooncaked/mooncaked.sock`). `--namespace` is the namespace the connection is bound
+to (default `default`): `objects` commands see only its keys, unless `--all-namespaces`.
+
+Output. `-o table` (the default) prints aligned columns under a header row, sizes in human
+units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema is stable:
+
+- `status`: the daemon's `status` map (PROTOCOL.md 5.3): `node_name`, `server_version`, `pid`,
+  `uptime_s`, `loop`, `objects`, `used_bytes`, `capacity_bytes`, `connections`, `leases`,
+  `puts_in_progress` (and whatever else the daemon adds);
+- `segments`: the list of segment maps `{id, name, size_bytes, used_bytes, free_bytes,
+  allocations, largest_free_bytes, shm_path}`;
+- `objects ls`: a list of object maps `{namespace, key, size_bytes, state, replicas:
+  [{segment_id, offset}], lease_expires_in_ms, soft_pin_expires_in_ms, hard_pin,
+  created_ms_ago}`, sorted by (namespace, key);
+- `objects stat`: one object map;
+- `objects rm`: `{"namespace": ..., "key": ..., "removed": true}`;
+- `config show`: the configuration as a map of sections.
+
+Sizes are integers (bytes) in JSON.
+
+Exit codes: 0 success; 1 an error: the daemon cannot be reached (`mooncakectl: cannot connect
+to ADDRESS: REASON`) or it answered with an error (`mooncakectl: CODE_NAME (CODE): MESSAGE`);
+2 a usage error (unknown command or option, missing argument, bad option value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Iterator
+
+import click
+
+from mooncaked.client.blocking import BlockingClient, parse_address
+from mooncaked.errors import MooncakedError, code_name
+
+DEFAULT_ADDRESS = "unix:/run/mooncaked/mooncaked.sock"
+ADDRESS_ENV = "MOONCAKED_ADDRESS"
+CLIENT_NAME = "mooncakectl"
+DEFAULT_LIST_LIMIT = 1000
+ALL_NAMESPACES = "*"
+
+
+class CtlError(click.ClickException):
+    """An error that ends the command with exit code 1 and one line on stderr."""
+
+    exit_code = 1
+
+    def show(self, file=None) -> None:
+        click.echo(f"mooncakectl: {self.format_message()}", err=True)
+
+
+class Settings:
+    def __init__(self, address: str, namespace: str, output: str) -> None:
+        self.address = address
+        self.namespace = namespace
+        self.output = output
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+def human_bytes(count: int) -> str:
+    """`512 B`, `1.5 KiB`, `64.0 MiB`, ..."""
+    if count < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Left-aligned columns, two spaces apart, under a header row."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                     for row in cells)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value)
+
+
+def _field_value(name: str, value: Any) -> Any:
+    """How a field of a status, object or config map reads in a table."""
+    if name.endswith("_bytes") and type(value) is int:
+        return human_bytes(value)
+    if name == "shm_mode" and type(value) is int:
+        return f"0{value:o}"
+    return value
+
+
+def _flatten(mapping: dict, prefix: str = "") -> list[list[Any]]:
+    """[[dotted.name, value], ...] for a map whose values may be maps."""
+    rows = []
+    for name, value in mapping.items():
+        if isinstance(value, dict):
+            rows.extend(_flatten(value, f"{prefix}{name}."))
+        else:
+            rows.append([f"{prefix}{name}", _field_value(name, value)])
+    return rows
+
+
+def _replicas(replicas: list[dict]) -> str:
+    return ",".join(f"{r['segment_id']}@{r['offset']}" for r in replicas) or "-"
+
+
+def _pin(obj: dict) -> str:
+    if obj.get("hard_pin"):
+        return "hard"
+    if obj.get("soft_pin_expires_in_ms") is not None:
+        return "soft"
+    return "-"
+
+
+def emit(settings: Settings, data: Any, table: str) -> None:
+    if settings.output == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(table)
+
+
+# -- the connection -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def connected(settings: Settings) -> Iterator[BlockingClient]:
+    """A client bound to the settings' namespace, closed on the way out; errors become CtlError."""
+    try:
+        client = BlockingClient.connect(settings.address, namespace=settings.namespace,
+                                        client_name=CLIENT_NAME, map_segments=False)
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise CtlError(f"cannot connect to {settings.address}: {reason}") from None
+    except MooncakedError as exc:
+        raise CtlError(f"cannot connect to {settings.address}: {_daemon_error(exc)}") from None
+    try:
+        yield client
+    except MooncakedError as exc:
+        raise CtlError(_daemon_error(exc)) from None
+    except OSError as exc:
+        raise CtlError(f"connection to {settings.address} failed: "
+                       f"{exc.strerror or exc}") from None
+    finally:
+        client.close()
+
+
+def _daemon_error(exc: MooncakedError) -> str:
+    return f"{code_name(exc.code)} ({exc.code}): {exc.message}"
+
+
+# -- options ------------------------------------------------------------------------------------
+
+def _check_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        parse_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-a", "--address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS,
+              show_default=True, callback=_check_address,
+              help=f"Daemon address: unix:PATH, /PATH or HOST:PORT (env {ADDRESS_ENV}).")
+@click.option("-n", "--namespace", default="default", show_default=True,
+              help="Namespace of the connection; objects commands see its keys.")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Output format; json has a stable schema.")
+@click.pass_context
+def cli(ctx: click.Context, address: str, namespace: str, output: str) -> None:
+    """Inspect and administer a running mooncaked."""
+    # No connection here: click runs this before it checks the subcommand's own arguments.
+    ctx.obj = Settings(address, namespace, output)
+
+
+@cli.command()
+@click.pass_obj
+def status(settings: Settings) -> None:
+    """The daemon's state: node, version, objects, usage, connections."""
+    with connected(settings) as client:
+        data = client.status()
+    emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(data)))
+
+
+@cli.command()
+@click.pass_obj
+def segments(settings: Settings) -> None:
+    """Each segment's size and usage."""
+    with connected(settings) as client:
+        data = client.segment_report()
+    rows = [[s["id"], s["name"], human_bytes(s["size_bytes"]), human_bytes(s["used_bytes"]),
+             human_bytes(s["free_bytes"]), s["allocations"],
+             human_bytes(s["largest_free_bytes"]), s["shm_path"]] for s in data]
+    emit(settings, data, format_table(
+        ["ID", "NAME", "SIZE", "USED", "FREE", "ALLOCATIONS", "LARGEST_FREE", "SHM_PATH"], rows))
+
+
+@cli.group()
+def objects() -> None:
+    """List, inspect and remove objects."""
+
+
+@objects.command("ls")
+@click.option("--prefix", default="", help="Only keys that start with this.")
+@click.option("--regex", default=None, help="Only keys this Python regex matches (re.search).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Objects of every namespace.")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIST_LIMIT,
+              show_default=True, help="List at most this many objects.")
+@click.pass_obj
+def objects_ls(settings: Settings, prefix: str, regex: str | None, all_namespaces: bool,
+               limit: int) -> None:
+    """List objects (of the connection's namespace unless --all-namespaces)."""
+    with connected(settings) as client:
+        data = client.objects_list(prefix, regex,
+                                   ALL_NAMESPACES if all_namespaces else None, limit)
+    data.sort(key=lambda o: (o["namespace"], o["key"]))
+    if len(data) >= limit:
+        click.echo(f"mooncakectl: showing {limit} objects (--limit {limit}); there may be more",
+                   err=True)
+    rows = [[o["namespace"], o["key"], human_bytes(o["size_bytes"]), o["state"],
+             _replicas(o["replicas"]), o["lease_expires_in_ms"], _pin(o), o["created_ms_ago"]]
+            for o in data]
+    emit(settings, data, format_table(
+        ["NAMESPACE", "KEY", "SIZE", "STATE", "REPLICAS", "LEASE_MS", "PIN", "AGE_MS"], rows))
+
+
+@objects.command("stat")
+@click.argument("key")
+@click.pass_obj
+def objects_stat(settings: Settings, key: str) -> None:
+    """Show one object of the connection's namespace."""
+    with connected(settings) as client:
+        data = client.object_stat(key)
+    rows = [[name, _replicas(value) if name == "replicas" else _field_value(name, value)]
+            for name, value in data.items()]
+    emit(settings, data, format_table(["FIELD", "VALUE"], rows))
+
+
+@objects.command("rm")
+@click.argument("key")
+@click.option("--force", is_flag=True, help="Remove even if the object has a read lease.")
+@click.pass_obj
+def objects_rm(settings: Settings, key: str, force: bool) -> None:
+    """Remove one object of the connection's namespace."""
+    with connected(settings) as client:
+        client.remove(key, force)
+    data = {"namespace": settings.namespace, "key": key, "removed": True}
+    emit(settings, data, f"removed {key!r} from namespace {settings.namespace!r}")
+
+
+@cli.group()
+def config() -> None:
+    """The daemon's configuration."""
+
+
+@config.command("show")
+@click.pass_obj
+def config_show(settings: Settings) -> None:
+    """The effective configuration, every section and key."""
+    with connected(settings) as client:
+        data = client.config_show()
+    rows = [[section, name, _field_value(name, value)]
+            for section, values in data.items() for name, value in values.items()]
+    emit(settings, data, format_table(["SECTION", "KEY", "VALUE"], rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: runs a command, exits 0, 1 (error) or 2 (usage)."""
+    cli.main(args=argv, prog_name="mooncakectl")
+
+
+if __name__ == "__main__":
+    main()
