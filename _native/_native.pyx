@@ -1,9 +1,11 @@
 """mooncaked._native: the daemon's C-speed helpers, built as one extension.
 
-Owns: OffsetAllocator (mem/offset_allocator.pyx) and the raw memory helpers
-copy_memory / buffer_address (mem/memcopy.pyx). This file is only the include
-list, so every topic compiles into a single shared object with one import.
+Owns: OffsetAllocator (mem/offset_allocator.pyx), the raw memory helpers
+copy_memory / buffer_address (mem/memcopy.pyx) and NUMA placement (mem/numa.pyx).
+This file is only the include list, so every topic compiles into a single shared
+object with one import.
 """
 
 include "mem/offset_allocator.pyx"
 include "mem/memcopy.pyx"
+include "mem/numa.pyx"

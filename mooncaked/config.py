@@ -61,6 +61,12 @@ class SegmentsConfig:
     max_allocations: int = _key(1 << 20, 1, 1 << 28, doc="live allocations per segment at most")
     shm_dir: str = _key("/dev/shm", doc="directory of the segments' shared-memory files")
     shm_mode: int = _key(0o600, 0, 0o777, doc="permission bits of the segment files")
+    numa_node: int = _key(-1, -1, 1023, doc="NUMA node the segments' pages are bound to; "
+                          "-1 = the kernel's default policy")
+    huge_pages: str = _key("off", choices=("off", "transparent", "hugetlbfs"),
+                           doc="off; transparent = madvise(MADV_HUGEPAGE); hugetlbfs = shm_dir "
+                           "is a hugetlbfs mount")
+    prefault: bool = _key(False, doc="touch every page at start, so no request pays a page fault")
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class Daemon:
             log.info("removed %d segment files left by stopped daemons", removed)
         for segment_id in range(segments.count):
             memory = SegmentMemory(segment_id, segments.shm_dir, segments.size_bytes,
-                                   segments.shm_mode)
+                                   segments.shm_mode, segments.numa_node,
+                                   segments.huge_pages, segments.prefault)
             self.memory[segment_id] = memory
             self.master.propose(commands.MountSegment(
                 segment_id, f"{self.node_name}/{segment_id}", self.node_name,
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,9 +1,13 @@
 """The memory behind a segment: a shared-memory file that local clients can map too.
 
-Each segment is a file in `[segments] shm_dir` (tmpfs), mapped MAP_SHARED by the daemon and by
-local clients (wire/PROTOCOL.md section 5.2), so bulk bytes move between them with one memcpy.
-Files are named after the daemon's pid; files left behind by a daemon that died are removed at
-the next start.
+Each segment is a file in `[segments] shm_dir` (tmpfs, or hugetlbfs for huge pages), mapped
+MAP_SHARED by the daemon and by local clients (wire/PROTOCOL.md section 5.2), so bulk bytes
+move between them with one memcpy. Files are named after the daemon's pid; files left behind
+by a daemon that died are removed at the next start.
+
+Placement: the mapping's memory policy binds its pages to `numa_node` before any is touched
+(tmpfs pages are allocated by the first touch, in the daemon or a client, and follow the
+policy of the mapping that touches them; `prefault` makes that the daemon's, at start).
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import mmap
 import os
 import re
 
+from mooncaked._native import bind_to_node, buffer_address
+
 log = logging.getLogger(__name__)
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in, writable, in one call
+SHMEM_THP_CONTROL = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
 _FILE_NAME = re.compile(r"^mooncaked-(\d+)-seg(\d+)$")
 
@@ -55,9 +64,12 @@ def _alive(pid: int) -> bool:
 
 
 class SegmentMemory:
-    def __init__(self, segment_id: int, shm_dir: str, size_bytes: int, mode: int) -> None:
+    def __init__(self, segment_id: int, shm_dir: str, size_bytes: int, mode: int,
+                 numa_node: int = -1, huge_pages: str = "off", prefault: bool = False) -> None:
         self.segment_id = segment_id
         self.size_bytes = size_bytes
+        if huge_pages == "hugetlbfs":
+            check_hugetlbfs(shm_dir, size_bytes)
         self.path = os.path.join(shm_dir, segment_file_name(os.getpid(), segment_id))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
@@ -70,7 +82,28 @@ class SegmentMemory:
             os.unlink(self.path)
             raise
         os.close(fd)
+        try:
+            self.address = buffer_address(self.mmap)
+            if numa_node >= 0:
+                bind_to_node(self.address, size_bytes, numa_node)
+            if huge_pages == "transparent":
+                self.mmap.madvise(mmap.MADV_HUGEPAGE)
+                warn_if_shmem_thp_off()
+            if prefault:
+                self._prefault()
+        except BaseException:
+            self.mmap.close()
+            os.unlink(self.path)
+            raise
         self.view = memoryview(self.mmap)
+
+    def _prefault(self) -> None:
+        try:
+            self.mmap.madvise(MADV_POPULATE_WRITE)
+        except OSError:  # an older kernel: touch one byte per page
+            page = mmap.PAGESIZE
+            for offset in range(0, self.size_bytes, page):
+                self.mmap[offset] = 0
 
     def slice(self, offset: int, size_bytes: int) -> memoryview:
         return self.view[offset:offset + size_bytes]
@@ -85,3 +118,36 @@ class SegmentMemory:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def check_hugetlbfs(shm_dir: str, size_bytes: int) -> None:
+    """Refuse a shm_dir that is not hugetlbfs, or a size that is not whole huge pages."""
+    directory = os.path.realpath(shm_dir)
+    mount_type = ""
+    best = ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) >= 3:
+                point = fields[1]
+                if (directory == point or directory.startswith(point.rstrip("/") + "/")) \
+                        and len(point) > len(best):
+                    best, mount_type = point, fields[2]
+    if mount_type != "hugetlbfs":
+        raise ValueError(f"huge_pages = \"hugetlbfs\" needs shm_dir on a hugetlbfs mount; "
+                         f"{shm_dir} is on {mount_type or 'an unknown filesystem'}")
+    page_bytes = os.statvfs(directory).f_bsize
+    if size_bytes % page_bytes:
+        raise ValueError(f"size_bytes = {size_bytes} is not a multiple of the huge page size "
+                         f"{page_bytes} of {shm_dir}")
+
+
+def warn_if_shmem_thp_off() -> None:
+    try:
+        with open(SHMEM_THP_CONTROL) as f:
+            setting = f.read()
+    except OSError:
+        return
+    if "[never]" in setting or "[deny]" in setting:
+        log.warning("huge_pages = \"transparent\" has no effect: %s is %s (set it to advise)",
+                    SHMEM_THP_CONTROL, setting.strip())
