@@ -210,8 +210,9 @@ class Daemon:
     # -- reports ----------------------------------------------------------------------------
 
     def segment_descriptions(self) -> list[dict]:
+        prefaulted = self.config.segments.prefault
         return [{"id": s.segment_id, "name": s.name, "size_bytes": s.size_bytes,
-                 "shm_path": self.memory[s.segment_id].path}
+                 "shm_path": self.memory[s.segment_id].path, "prefaulted": prefaulted}
                 for s in self.master.state.segment_list]
 
     def segment_report(self) -> list[dict]:
