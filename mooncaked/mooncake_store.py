@@ -230,25 +230,19 @@ class MooncakeDistributedStore:
 
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [_INVALID] * len(keys)
-        if self._client is None:
-            return [int(ErrorCode.RPC_FAIL)] * len(keys)
-        valid = [i for i, (p, s) in enumerate(zip(buffer_ptrs, sizes))
-                 if s > 0 and self._registered(p, s)]
-        results = [_INVALID] * len(keys)
-        try:
-            codes = self._client.batch_put_from([keys[i] for i in valid],
-                                                [buffer_ptrs[i] for i in valid],
-                                                [sizes[i] for i in valid], _config(config))
-        except MooncakedError as exc:
-            codes = [exc.code] * len(valid)
-        for i, code in zip(valid, codes):
-            results[i] = 0 if code == 1 else code  # an existing key is a success, as in Mooncake
-        return results
+        results = self._registered_batch(
+            keys, buffer_ptrs, sizes,
+            lambda k, p, s: self._client.batch_put_from(k, p, s, _config(config)))
+        return [0 if code == 1 else code for code in results]  # an existing key: success
 
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int]) -> list[int]:
+        return self._registered_batch(
+            keys, buffer_ptrs, sizes, lambda k, p, s: self._client.batch_get_into(k, p, s))
+
+    def _registered_batch(self, keys, buffer_ptrs, sizes, run) -> list[int]:
+        """Run a batch call on the keys whose range lies in a registered buffer; the others
+        get INVALID_PARAMS, as in Mooncake."""
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [_INVALID] * len(keys)
         if self._client is None:
@@ -257,12 +251,11 @@ class MooncakeDistributedStore:
                  if s > 0 and self._registered(p, s)]
         results = [_INVALID] * len(keys)
         try:
-            got = self._client.batch_get_into([keys[i] for i in valid],
-                                              [buffer_ptrs[i] for i in valid],
-                                              [sizes[i] for i in valid])
+            done = run([keys[i] for i in valid], [buffer_ptrs[i] for i in valid],
+                       [sizes[i] for i in valid])
         except MooncakedError as exc:
-            got = [exc.code] * len(valid)
-        for i, result in zip(valid, got):
+            done = [exc.code] * len(valid)
+        for i, result in zip(valid, done):
             results[i] = result
         return results
 
