@@ -19,6 +19,7 @@ from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
 
 INLINE_SEND_BYTES = 64 * 1024
+READ_BUFFER_BYTES = 64 * 1024
 
 
 def parse_address(address: str) -> tuple[str, object]:
@@ -60,7 +61,10 @@ class BlockingClient:
         self._sock = sock
         self.transport_kind = kind
         self._msgid = 0
-        self._prefix = bytearray(framing.PREFIX_BYTES)
+        self._read_buffer = bytearray(READ_BUFFER_BYTES)
+        self._read_view = memoryview(self._read_buffer)
+        self._start = 0  # buffered, unread bytes are _read_buffer[_start:_end]
+        self._end = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
 
@@ -121,20 +125,48 @@ class BlockingClient:
             for piece in payload:
                 sock.sendall(piece)
 
-    def _receive_exactly(self, view: memoryview) -> None:
-        sock, received, size = self._sock, 0, len(view)
+    def _buffer(self, size: int) -> memoryview:
+        """The next `size` received bytes, read with as few recv calls as possible.
+
+        Small responses arrive whole in one recv into the read buffer; the view is valid
+        until the next call.
+        """
+        if size > len(self._read_buffer):
+            bigger = bytearray(size)
+            bigger[:self._end - self._start] = self._read_view[self._start:self._end]
+            self._read_buffer, self._read_view = bigger, memoryview(bigger)
+            self._end -= self._start
+            self._start = 0
+        elif self._start + size > len(self._read_buffer):
+            kept = self._end - self._start
+            self._read_buffer[:kept] = self._read_view[self._start:self._end]
+            self._start, self._end = 0, kept
+        while self._end - self._start < size:
+            count = self._sock.recv_into(self._read_view[self._end:])
+            if count == 0:
+                raise ConnectionResetError("the daemon closed the connection")
+            self._end += count
+        view = self._read_view[self._start:self._start + size]
+        self._start += size
+        if self._start == self._end:
+            self._start = self._end = 0
+        return view
+
+    def _receive_into(self, target: memoryview) -> None:
+        """Fill `target`: bytes already buffered first, the rest straight from the socket."""
+        buffered = min(self._end - self._start, len(target))
+        if buffered:
+            target[:buffered] = self._buffer(buffered)
+        received, size = buffered, len(target)
         while received < size:
-            count = sock.recv_into(view[received:], size - received)
+            count = self._sock.recv_into(target[received:], size - received)
             if count == 0:
                 raise ConnectionResetError("the daemon closed the connection")
             received += count
 
     def _receive(self, call: Call):
-        self._receive_exactly(memoryview(self._prefix))
-        header_length, payload_length = framing.PREFIX.unpack(self._prefix)
-        header_bytes = bytearray(header_length)
-        self._receive_exactly(memoryview(header_bytes))
-        header = framing.unpack_header(header_bytes, max(header_length, 1))
+        header_length, payload_length = framing.PREFIX.unpack(self._buffer(framing.PREFIX_BYTES))
+        header = framing.unpack_header(self._buffer(header_length), max(header_length, 1))
         try:
             msgid, error, result = framing.parse_response(header)
         except MooncakedError:
@@ -144,19 +176,18 @@ class BlockingClient:
             self.close()
             raise MooncakedError(ErrorCode.PROTOCOL_ERROR,
                                  f"response {msgid} to request {self._msgid}")
-        payload: memoryview | bytearray = b""
         if call.receive_into is not None and error is None:
             target = memoryview(call.receive_into).cast("B")
             if payload_length > len(target):
-                self._receive_exactly(memoryview(bytearray(payload_length)))
+                self._receive_into(memoryview(bytearray(payload_length)))
                 raise error_for(ErrorCode.INVALID_PARAMS,
                                 f"the value has {payload_length} bytes, the buffer "
                                 f"{len(target)}")
-            self._receive_exactly(target[:payload_length])
+            self._receive_into(target[:payload_length])
             return payload_length
+        payload = bytearray(payload_length)
         if payload_length:
-            payload = bytearray(payload_length)
-            self._receive_exactly(memoryview(payload))
+            self._receive_into(memoryview(payload))
         if error is not None:
             framing.raise_error(error)
         return call.parse(result, payload)
