@@ -25,13 +25,14 @@ import uuid
 import pytest
 
 import mooncaked
+import wire_helpers
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
+from wire_helpers import (MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, read_frame, request_frame,
+                          split_frames)
 
 IO_TIMEOUT_S = 10.0  # a bound on waiting for the daemon, never an assertion
 SETTLE_TIMEOUT_S = 5.0  # how long used_bytes may take to return to the baseline
-MAX_HEADER_BYTES = 1 << 20  # the daemon's defaults (conftest does not change them)
-MAX_PAYLOAD_BYTES = 1 << 30
 
 TRANSPORTS = ["tcp", "unix"]
 
@@ -39,32 +40,7 @@ TRANSPORTS = ["tcp", "unix"]
 # -- raw socket helpers -------------------------------------------------------------------------
 
 def connect(daemon, kind: str) -> socket.socket:
-    if kind == "tcp":
-        sock = socket.create_connection(("127.0.0.1", daemon.tcp_port), timeout=IO_TIMEOUT_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    else:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(IO_TIMEOUT_S)
-        sock.connect(daemon.unix_socket)
-    return sock
-
-
-def receive_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError(f"the daemon closed the connection after {len(data)} of {size} bytes")
-        data += chunk
-    return bytes(data)
-
-
-def read_frame(sock: socket.socket):
-    """One frame from the daemon: (header, payload)."""
-    header_length, payload_length = framing.PREFIX.unpack(
-        receive_exactly(sock, framing.PREFIX_BYTES))
-    header = framing.unpack_header(receive_exactly(sock, header_length), header_length)
-    return header, receive_exactly(sock, payload_length)
+    return wire_helpers.connect(daemon, kind, IO_TIMEOUT_S, nodelay=True)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -80,21 +56,8 @@ def read_until_closed(sock: socket.socket) -> bytes:
         data += chunk
 
 
-def split_frames(data: bytes) -> list:
-    frames, position = [], 0
-    while position < len(data):
-        header_length, payload_length = framing.PREFIX.unpack_from(data, position)
-        start = position + framing.PREFIX_BYTES
-        end = start + header_length + payload_length
-        assert end <= len(data), "a truncated frame from the daemon"
-        frames.append((framing.unpack_header(data[start:start + header_length], header_length),
-                       data[start + header_length:end]))
-        position = end
-    return frames
-
-
 def send(sock: socket.socket, msgid: int, method: str, params: list, payload: bytes = b"") -> None:
-    sock.sendall(framing.request_head(msgid, method, params, len(payload)) + payload)
+    sock.sendall(request_frame(msgid, method, params, payload))
 
 
 def call(sock: socket.socket, msgid: int, method: str, params: list, payload: bytes = b""):
@@ -197,6 +160,18 @@ def baseline(daemon) -> int:
 
 # -- frame-level errors: notification, then the connection closes -------------------------------
 
+def assert_bad_frame_closes(daemon, kind: str, baseline: int, data: bytes, code: int,
+                            invisible=()) -> None:
+    """After hello, send `data`: one protocol_error `code` notification, the close, and the
+    daemon healthy afterwards (used_bytes at the baseline, `invisible` keys not readable)."""
+    sock = connect(daemon, kind)
+    hello(sock)
+    sock.sendall(data)
+    expect_protocol_error_then_close(sock, code)
+    sock.close()
+    assert_daemon_healthy(daemon, kind, baseline, invisible=invisible)
+
+
 @pytest.mark.parametrize("cut", ["prefix", "header"])
 def test_truncated_frame_then_disconnect(daemon, kind, baseline, cut):
     sock = connect(daemon, kind)
@@ -209,31 +184,20 @@ def test_truncated_frame_then_disconnect(daemon, kind, baseline, cut):
 
 
 def test_oversized_header_length(daemon, kind, baseline):
-    sock = connect(daemon, kind)
-    hello(sock)
-    sock.sendall(framing.PREFIX.pack(MAX_HEADER_BYTES + 1, 0))
-    expect_protocol_error_then_close(sock, ErrorCode.FRAME_TOO_LARGE)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline)
+    assert_bad_frame_closes(daemon, kind, baseline, framing.PREFIX.pack(MAX_HEADER_BYTES + 1, 0),
+                            ErrorCode.FRAME_TOO_LARGE)
 
 
 def test_oversized_payload_length(daemon, kind, baseline):
-    sock = connect(daemon, kind)
-    hello(sock)
     header = framing.pack_header([0, 1, "put", ["too-big", None]])
-    sock.sendall(framing.PREFIX.pack(len(header), MAX_PAYLOAD_BYTES + 1) + header)
-    expect_protocol_error_then_close(sock, ErrorCode.FRAME_TOO_LARGE)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline, invisible=["too-big"])
+    assert_bad_frame_closes(daemon, kind, baseline,
+                            framing.PREFIX.pack(len(header), MAX_PAYLOAD_BYTES + 1) + header,
+                            ErrorCode.FRAME_TOO_LARGE, invisible=["too-big"])
 
 
 def test_empty_header(daemon, kind, baseline):
-    sock = connect(daemon, kind)
-    hello(sock)
-    sock.sendall(framing.PREFIX.pack(0, 0))
-    expect_protocol_error_then_close(sock, ErrorCode.PROTOCOL_ERROR)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline)
+    assert_bad_frame_closes(daemon, kind, baseline, framing.PREFIX.pack(0, 0),
+                            ErrorCode.PROTOCOL_ERROR)
 
 
 @pytest.mark.parametrize("header", [
@@ -244,12 +208,8 @@ def test_empty_header(daemon, kind, baseline):
     b"\x81\x01\x02",  # a map with an int key
 ], ids=["reserved-byte", "cut-short", "trailing-byte", "huge-str", "int-map-key"])
 def test_header_not_msgpack(daemon, kind, baseline, header):
-    sock = connect(daemon, kind)
-    hello(sock)
-    sock.sendall(framing.PREFIX.pack(len(header), 0) + header)
-    expect_protocol_error_then_close(sock, ErrorCode.PROTOCOL_ERROR)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline)
+    assert_bad_frame_closes(daemon, kind, baseline, framing.PREFIX.pack(len(header), 0) + header,
+                            ErrorCode.PROTOCOL_ERROR)
 
 
 @pytest.mark.parametrize("header", [
@@ -265,24 +225,17 @@ def test_header_not_msgpack(daemon, kind, baseline, header):
 ], ids=["ints", "map", "str", "response", "msgid-negative", "msgid-too-big", "bin-method",
         "map-params", "three-elements"])
 def test_header_not_a_request(daemon, kind, baseline, header):
-    sock = connect(daemon, kind)
-    hello(sock)
     packed = framing.pack_header(header)
-    sock.sendall(framing.PREFIX.pack(len(packed), 0) + packed)
-    expect_protocol_error_then_close(sock, ErrorCode.PROTOCOL_ERROR)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline)
+    assert_bad_frame_closes(daemon, kind, baseline, framing.PREFIX.pack(len(packed), 0) + packed,
+                            ErrorCode.PROTOCOL_ERROR)
 
 
 def test_bad_frame_with_payload_stores_nothing(daemon, kind, baseline):
     """A put whose header is malformed: the payload it announced is never stored."""
-    sock = connect(daemon, kind)
-    hello(sock)
     packed = framing.pack_header([0, 1, "put", ["bad-shape", None], "extra"])
-    sock.sendall(framing.PREFIX.pack(len(packed), 5) + packed + b"hello")
-    expect_protocol_error_then_close(sock, ErrorCode.PROTOCOL_ERROR)
-    sock.close()
-    assert_daemon_healthy(daemon, kind, baseline, invisible=["bad-shape"])
+    assert_bad_frame_closes(daemon, kind, baseline,
+                            framing.PREFIX.pack(len(packed), 5) + packed + b"hello",
+                            ErrorCode.PROTOCOL_ERROR, invisible=["bad-shape"])
 
 
 def test_random_bytes(daemon, kind, baseline):

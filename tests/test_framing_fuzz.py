@@ -23,9 +23,8 @@ from hypothesis import strategies as st
 from mooncaked.daemon.connection import Connection, Incoming, Reply
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
+from wire_helpers import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, request_frame, same, split_frames
 
-MAX_HEADER_BYTES = 1 << 20
-MAX_PAYLOAD_BYTES = 1 << 30
 U32_MAX = framing.U32_MAX
 
 fuzz = settings(deadline=None, database=None, max_examples=200,
@@ -58,17 +57,6 @@ near_requests = st.lists(
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def same(a, b) -> bool:
-    """Equality that also compares types (True is not 1, bytes are not str)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    return a == b
-
-
 def decode_request(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES):
     """unpack_header + parse_request: the parts, or None after a PROTOCOL_ERROR.
 
@@ -85,10 +73,6 @@ def decode_request(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES):
     assert type(params) is list
     assert type(header) is list and len(header) == 4
     return msgid, method, params
-
-
-def request_frame(msgid: int, method: str, params: list, payload: bytes = b"") -> bytes:
-    return framing.request_head(msgid, method, params, len(payload)) + payload
 
 
 # -- unpack_header + parse_request --------------------------------------------------------------
@@ -325,19 +309,6 @@ def feed(conn: Connection, transport: FakeTransport, data: bytes, chunks: list[i
         position += count
 
 
-def read_frames(data: bytes) -> list:
-    frames, position = [], 0
-    while position < len(data):
-        header_length, payload_length = framing.PREFIX.unpack_from(data, position)
-        start = position + framing.PREFIX_BYTES
-        header = framing.unpack_header(data[start:start + header_length], header_length)
-        payload = data[start + header_length:start + header_length + payload_length]
-        assert len(payload) == payload_length, "a truncated response frame"
-        frames.append((header, payload))
-        position = start + header_length + payload_length
-    return frames
-
-
 def new_connection():
     daemon = FakeDaemon()
     transport = FakeTransport()
@@ -366,7 +337,7 @@ def test_connection_reads_pipelined_frames_in_any_chunking(calls, chunks):
     assert len(daemon.calls) == len(calls)
     for got, expected in zip(daemon.calls, calls):
         assert got[0] == expected[0] and same(got[1], expected[1]) and got[2] == expected[2]
-    responses = read_frames(bytes(transport.written))
+    responses = split_frames(bytes(transport.written))
     assert [framing.parse_response(h)[0] for h, _ in responses] == list(range(len(calls) + 1))
     assert all(framing.parse_response(h)[1] is None for h, _ in responses)
     conn.connection_lost(None)
@@ -384,7 +355,7 @@ def test_connection_on_random_bytes_answers_or_closes(garbage, chunks, after_hel
     daemon, transport, conn = new_connection()
     stream = request_frame(0, "hello", [{"protocol": 1}]) if after_hello else b""
     feed(conn, transport, stream + garbage, chunks)  # must not raise
-    frames = read_frames(bytes(transport.written))
+    frames = split_frames(bytes(transport.written))
     for header, _ in frames[:-1]:
         assert type(header) is list and header[0] == framing.RESPONSE
     if transport.closed:
@@ -427,7 +398,7 @@ def test_connection_bad_frame_outcome(frame, code):
     daemon, transport, conn = new_connection()
     feed(conn, transport, frame, [len(frame)])
     assert transport.closed
-    (header, payload), = read_frames(bytes(transport.written))
+    (header, payload), = split_frames(bytes(transport.written))
     assert header[:2] == [framing.NOTIFICATION, "protocol_error"]
     assert header[2][0] == code and type(header[2][1]) is str and payload == b""
     conn.connection_lost(None)
@@ -463,5 +434,5 @@ def test_connection_header_larger_than_scratch(chunks, extra):
     assert [c[0] for c in daemon.calls] == ["note", "sink", "note"]
     assert daemon.calls[0][1] == [big] and daemon.calls[1][2] == b"abc"
     assert daemon.calls[2][1] == [big, big]
-    assert [framing.parse_response(h)[0] for h, _ in read_frames(bytes(transport.written))] \
+    assert [framing.parse_response(h)[0] for h, _ in split_frames(bytes(transport.written))] \
         == [0, 1, 2, 3]

@@ -31,6 +31,7 @@ from conftest import DaemonProcess
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
+from wire_helpers import connect, read_response
 
 MIB = 1 << 20
 SOCKET_TIMEOUT_S = 30
@@ -87,36 +88,6 @@ def segment_files(daemon: DaemonProcess) -> list[str]:
     return sorted(n for n in os.listdir(daemon.shm_dir) if n.startswith("mooncaked-"))
 
 
-def connect(daemon: DaemonProcess, kind: str) -> socket.socket:
-    if kind == "unix":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        target = daemon.unix_socket
-    else:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        target = ("127.0.0.1", daemon.tcp_port)
-    sock.settimeout(SOCKET_TIMEOUT_S)
-    sock.connect(target)
-    return sock
-
-
-def read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionResetError(f"EOF after {len(data)} of {size} bytes")
-        data += chunk
-    return bytes(data)
-
-
-def read_response(sock: socket.socket):
-    """(msgid, error, result, payload) of the next frame; a protocol_error notification raises."""
-    header_length, payload_length = framing.PREFIX.unpack(read_exactly(sock, framing.PREFIX_BYTES))
-    header = framing.unpack_header(read_exactly(sock, header_length), max(header_length, 1))
-    msgid, error, result = framing.parse_response(header)
-    return msgid, error, result, read_exactly(sock, payload_length)
-
-
 def call(sock: socket.socket, msgid: int, method: str, params: list):
     sock.sendall(framing.request_head(msgid, method, params))
     got, error, result, _ = read_response(sock)
@@ -131,7 +102,7 @@ def hello(sock: socket.socket) -> dict:
 
 
 def open_client(daemon: DaemonProcess, kind: str = "tcp") -> socket.socket:
-    sock = connect(daemon, kind)
+    sock = connect(daemon, kind, SOCKET_TIMEOUT_S)
     hello(sock)
     return sock
 

@@ -20,15 +20,13 @@ import re
 
 import pytest
 
+from conftest import REPO
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
+from wire_helpers import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, same
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VECTORS_PATH = os.path.join(REPO, "wire", "vectors", "frames.json")
 PROTOCOL_PATH = os.path.join(REPO, "wire", "PROTOCOL.md")
-
-MAX_HEADER_BYTES = 1 << 20
-MAX_PAYLOAD_BYTES = 1 << 30
 
 
 def load_vectors() -> list[dict]:
@@ -48,17 +46,6 @@ def from_json(value):
     if isinstance(value, list):
         return [from_json(v) for v in value]
     return value
-
-
-def same(a, b) -> bool:
-    """Equality that also compares types (so True is not 1 and bytes are not str)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return (list(a) == list(b)) and all(same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def encode(header, payload: bytes) -> bytes:
