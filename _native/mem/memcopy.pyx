@@ -1,6 +1,6 @@
 # Raw memory copies between segment addresses, and buffer address lookup.
 #
-# Owns: copy_memory() (memcpy with the GIL released) and buffer_address()
+# Owns: copy_memory() (memcpy with the GIL released), new_bytes() and buffer_address()
 # (the base address of a contiguous buffer-protocol object such as an mmap
 # or a bytearray). Addresses are plain ints; the caller keeps the backing
 # objects alive and the ranges valid for as long as it uses them.
@@ -37,3 +37,18 @@ def buffer_address(obj):
     address = <size_t>view.buf
     PyBuffer_Release(&view)
     return address
+
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+
+def new_bytes(Py_ssize_t size_bytes):
+    """A new bytes object of `size_bytes` whose contents are not initialised.
+
+    For a reader that fills it before anyone else sees it (through buffer_address and
+    copy_memory or a socket receive): a received value then costs no zero-fill and no second
+    copy into an immutable object.
+    """
+    if size_bytes < 0:
+        raise ValueError("new_bytes: negative size")
+    return PyBytes_FromStringAndSize(NULL, size_bytes)
