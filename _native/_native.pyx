@@ -9,3 +9,4 @@ object with one import.
 include "mem/offset_allocator.pyx"
 include "mem/memcopy.pyx"
 include "mem/numa.pyx"
+include "loop/loop.pyx"  # UringLoop: the io_uring event loop (loop/*.pyx)

@@ -50,6 +50,9 @@ class ServerConfig:
                                      doc="unfinished puts (all connections) at most")
     shutdown_grace_ms: int = _key(5000, 0, 3_600_000, unit="ms",
                                   doc="on SIGTERM, time given to in-flight requests")
+    loop: str = _key("auto", choices=("auto", "uring", "asyncio"),
+                     doc="event loop: the io_uring loop, stdlib asyncio, or auto (io_uring "
+                     "when usable); $MOONCAKED_LOOP overrides")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from mooncaked.daemon.connection import Connection
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
 from mooncaked.daemon.sdnotify import Notifier
 from mooncaked.errors import ErrorCode
+from mooncaked.io.loops import choose_loop
 from mooncaked.proto import framing
 from mooncaked.daemon.segment_memory import SegmentMemory, remove_stale_files
 from mooncaked.meta import commands
@@ -79,6 +80,7 @@ class Daemon:
         self._drained: asyncio.Event | None = None  # set once draining leaves no connection
         self._sweep: asyncio.TimerHandle | None = None
         self._last_status = ""
+        self.loop_reason = ""  # why this event loop was chosen (status, log)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -146,7 +148,8 @@ class Daemon:
     # -- running ----------------------------------------------------------------------------
 
     def loop_name(self) -> str:
-        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+        return "uring" if type(asyncio.get_running_loop()).__name__ == "UringEventLoop" \
+            else "asyncio"
 
     def _schedule_sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -246,6 +249,7 @@ class Daemon:
         return {
             "node_name": self.node_name, "server_version": __version__, "pid": self.pid,
             "uptime_s": round(time.time() - self.started_at, 3), "loop": self.loop_name(),
+            "loop_reason": self.loop_reason,
             "objects": len(state.objects), "used_bytes": state.used_bytes(),
             "capacity_bytes": state.capacity_bytes(), "connections": len(self.connections),
             "leases": self.master.active_leases(self.now_ms()),
@@ -312,8 +316,9 @@ class Daemon:
         log.info("stopped")
 
 
-async def serve(config: config_module.Config) -> None:
+async def serve(config: config_module.Config, loop_reason: str = "") -> None:
     daemon = Daemon(config)
+    daemon.loop_reason = loop_reason
     try:
         await daemon.start()
     except BaseException:
@@ -353,7 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a daemon hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        asyncio.run(serve(config))
+        loop_factory, loop_reason = choose_loop(config.server.loop)
+    except (RuntimeError, ValueError) as exc:
+        print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
+        return 1
+    log.info("event loop: %s", loop_reason)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(config, loop_reason))
     except (OSError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1
