@@ -1,12 +1,10 @@
-"""Which event loop the daemon runs on: `[server] loop`, $MOONCAKED_LOOP, and the fallback.
+"""Which event loop the daemon runs on: `[server] loop` and $MOONCAKED_LOOP.
 
-Method: start the real daemon with each setting and read `status()["loop"]`; check the
-selection function's fallback when io_uring is reported unusable.
+Method: start the real daemon with each setting and read `status()["loop"]`. The selection
+function itself (fallback, bad names) is tested in tests/loop/test_loop_choice.py.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -43,27 +41,3 @@ def test_environment_overrides_the_config(make_daemon, monkeypatch):
     monkeypatch.setenv(loops.ENV_VAR, "asyncio")
     name, reason = loop_of(make_daemon(server={"loop": "uring"}))
     assert name == "asyncio" and loops.ENV_VAR in reason
-
-
-def test_auto_falls_back_when_io_uring_is_unusable(monkeypatch, no_loop_env):
-    monkeypatch.setattr(uring, "usable", lambda: (False, "io_uring_setup: EPERM (test)"))
-    factory, reason = loops.choose_loop("auto")
-    assert "EPERM (test)" in reason and reason.startswith("asyncio")
-    loop = factory()
-    try:
-        assert type(loop).__module__.startswith("asyncio")
-    finally:
-        loop.close()
-    with pytest.raises(RuntimeError, match="EPERM"):
-        loops.choose_loop("uring")
-
-
-def test_unknown_loop_name_is_refused(no_loop_env):
-    with pytest.raises(ValueError, match="unknown event loop"):
-        loops.choose_loop("libuv")
-    os.environ[loops.ENV_VAR] = "nope"
-    try:
-        with pytest.raises(ValueError, match=loops.ENV_VAR):
-            loops.choose_loop("auto")
-    finally:
-        del os.environ[loops.ENV_VAR]
