@@ -3,11 +3,17 @@
 Echo, connection loss (the peer closes; abort), EOF and half-close, write back-pressure,
 64 MiB through each transport (checked by hash), 200 connections at once, asyncio streams
 on top, and the extra info a transport gives. Loopback only (127.0.0.1, a temp directory).
+
+Most tests open one connection with the `connected` fixture (support.connected bound to this
+test's loop, kind and directory): `async with connected(ServerProtocol, ClientProtocol) as c`
+gives the server, our end (`c.transport`, `c.client`) and the accepted side (`c.peer`), and
+closes the server when the block is left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import socket
@@ -15,7 +21,8 @@ import tempfile
 
 import pytest
 
-from .support import is_uring, run
+from . import support
+from .support import BufferedEcho, Recorder, accepted, is_uring, read_exactly, recording, run
 
 MIB = 1 << 20
 
@@ -31,144 +38,50 @@ def unix_dir():
         yield path
 
 
-async def serve(loop, kind, factory, unix_dir, **kwargs):
-    """A server of `kind`, and a coroutine function that opens a connection to it."""
-    if kind == "tcp":
-        server = await loop.create_server(factory, "127.0.0.1", 0, **kwargs)
-        port = server.sockets[0].getsockname()[1]
+@pytest.fixture
+def connected(loop, kind, unix_dir):
+    """support.connected for this test's loop, kind and directory.
 
-        async def connect(client_factory):
-            return await loop.create_connection(client_factory, "127.0.0.1", port)
-    else:
-        path = os.path.join(unix_dir, "loop.sock")
-        server = await loop.create_unix_server(factory, path, **kwargs)
-
-        async def connect(client_factory):
-            return await loop.create_unix_connection(client_factory, path)
-    return server, connect
-
-
-class Recorder(asyncio.Protocol):
-    """Records what happens to it; `done` resolves on connection_lost."""
-
-    def __init__(self, echo: bool = False, keep_open_on_eof: bool = False) -> None:
-        self.echo = echo
-        self.keep_open_on_eof = keep_open_on_eof
-        self.events: list = []
-        self.data = bytearray()
-        self.transport = None
-        self.done = asyncio.get_running_loop().create_future()
-        self.got_data = asyncio.Event()
-
-    def connection_made(self, transport):
-        self.transport = transport
-        self.events.append("made")
-
-    def data_received(self, data):
-        assert type(data) is bytes
-        self.data += data
-        self.got_data.set()
-        if self.echo:
-            self.transport.write(data)
-
-    def eof_received(self):
-        self.events.append("eof")
-        return self.keep_open_on_eof
-
-    def connection_lost(self, exc):
-        self.events.append(("lost", exc))
-        if not self.done.done():
-            self.done.set_result(exc)
-
-
-class BufferedEcho(asyncio.BufferedProtocol):
-    """Receives into its own small buffer (one message spans many reads) and echoes."""
-
-    def __init__(self, buffer_size: int) -> None:
-        self.buffer = bytearray(buffer_size)
-        self.sizes: list[int] = []
-        self.received = 0
-        self.transport = None
-        self.lost = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def get_buffer(self, sizehint):
-        return memoryview(self.buffer)
-
-    def buffer_updated(self, nbytes):
-        self.sizes.append(nbytes)
-        self.received += nbytes
-        self.transport.write(bytes(self.buffer[:nbytes]))
-
-    def eof_received(self):
-        return False
-
-    def connection_lost(self, exc):
-        if not self.lost.done():
-            self.lost.set_result(exc)
-
-
-async def accepted(protocols: list):
-    """The server side's protocol of the first connection, once it has been accepted."""
-    while not protocols:
-        await asyncio.sleep(0.001)
-    return protocols[0]
-
-
-async def read_exactly(protocol: Recorder, size: int) -> bytes:
-    while len(protocol.data) < size:
-        protocol.got_data.clear()
-        await protocol.got_data.wait()
-    return bytes(protocol.data[:size])
+    Tests that use it still name `kind` after `loop`: that keeps their ids `[tcp-uring]`
+    (kind first), as for every other test here.
+    """
+    return functools.partial(support.connected, loop, kind, unix_dir)
 
 
 # -- echo ----------------------------------------------------------------------------------
 
-def test_echo_with_protocol(loop, kind, unix_dir):
+def test_echo_with_protocol(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder(echo=True))
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        for i in range(20):
-            transport.write(b"message %d;" % i)
-        expected = b"".join(b"message %d;" % i for i in range(20))
-        assert await read_exactly(client, len(expected)) == expected
-        transport.writelines([b"a", bytearray(b"b"), memoryview(b"cd")])
-        assert await read_exactly(client, len(expected) + 4) == expected + b"abcd"
-        transport.close()
-        assert await client.done is None
-        assert await servers[0].done is None
-        assert servers[0].events == ["made", "eof", ("lost", None)]
-        server.close()
-        await server.wait_closed()
+        async with connected(lambda: Recorder(echo=True), wait_closed=True) as c:
+            for i in range(20):
+                c.transport.write(b"message %d;" % i)
+            expected = b"".join(b"message %d;" % i for i in range(20))
+            assert await read_exactly(c.client, len(expected)) == expected
+            c.transport.writelines([b"a", bytearray(b"b"), memoryview(b"cd")])
+            assert await read_exactly(c.client, len(expected) + 4) == expected + b"abcd"
+            c.transport.close()
+            assert await c.client.done is None
+            assert await c.peer.done is None
+            assert c.peer.events == ["made", "eof", ("lost", None)]
 
     run(loop, main())
 
 
-def test_echo_with_buffered_protocol_small_buffers(loop, kind, unix_dir):
+def test_echo_with_buffered_protocol_small_buffers(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(
-            loop, kind, lambda: servers.append(BufferedEcho(7)) or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        message = os.urandom(10_000)
-        transport.write(message)
-        assert await read_exactly(client, len(message)) == message
-        assert servers[0].received == len(message)
-        assert max(servers[0].sizes) <= 7 and len(servers[0].sizes) >= len(message) // 7
-        transport.close()
-        assert await servers[0].lost is None
-        server.close()
+        async with connected(lambda: BufferedEcho(7)) as c:
+            message = os.urandom(10_000)
+            c.transport.write(message)
+            assert await read_exactly(c.client, len(message)) == message
+            assert c.peer.received == len(message)
+            assert max(c.peer.sizes) <= 7 and len(c.peer.sizes) >= len(message) // 7
+            c.transport.close()
+            assert await c.peer.lost is None
 
     run(loop, main())
 
 
-def test_buffered_protocol_client(loop, kind, unix_dir):
+def test_buffered_protocol_client(loop, kind, connected):
     class Collect(asyncio.BufferedProtocol):
         def __init__(self):
             self.buffer = bytearray(64 * 1024)
@@ -191,60 +104,48 @@ def test_buffered_protocol_client(loop, kind, unix_dir):
             pass
 
     async def main():
-        server, connect = await serve(loop, kind, lambda: Recorder(echo=True), unix_dir)
-        transport, client = await connect(Collect)
-        payload = os.urandom(50_000)
-        transport.write(payload)
-        await client.enough
-        assert bytes(client.buffer[:50_000]) == payload
-        transport.close()
-        server.close()
+        async with connected(lambda: Recorder(echo=True), Collect) as c:
+            payload = os.urandom(50_000)
+            c.transport.write(payload)
+            await c.client.enough
+            assert bytes(c.client.buffer[:50_000]) == payload
+            c.transport.close()
 
     run(loop, main())
 
 
 # -- connection loss and EOF ---------------------------------------------------------------
 
-def test_peer_close_gives_eof_then_connection_lost(loop, kind, unix_dir):
+def test_peer_close_gives_eof_then_connection_lost(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        transport.write(b"last words")
-        transport.close()
-        assert transport.is_closing()
-        assert await servers[0].done is None
-        assert bytes(servers[0].data) == b"last words"
-        assert servers[0].events == ["made", "eof", ("lost", None)]
-        assert await client.done is None
-        server.close()
+        async with connected(Recorder) as c:
+            c.transport.write(b"last words")
+            c.transport.close()
+            assert c.transport.is_closing()
+            assert await c.peer.done is None
+            assert bytes(c.peer.data) == b"last words"
+            assert c.peer.events == ["made", "eof", ("lost", None)]
+            assert await c.client.done is None
 
     run(loop, main())
 
 
-def test_abort_drops_queued_data_and_reports_loss(loop, kind, unix_dir):
+def test_abort_drops_queued_data_and_reports_loss(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        transport.write(b"x")
-        await read_exactly(await accepted(servers), 1)
-        servers[0].transport.abort()
-        assert servers[0].transport.is_closing()
-        assert await servers[0].done is None
-        assert servers[0].events == ["made", ("lost", None)]
-        lost = await client.done  # the peer sees the socket go: EOF, or a reset
-        assert lost is None or isinstance(lost, ConnectionResetError)
-        server.close()
+        async with connected(Recorder) as c:
+            c.transport.write(b"x")
+            await read_exactly(c.peer, 1)
+            c.peer.transport.abort()
+            assert c.peer.transport.is_closing()
+            assert await c.peer.done is None
+            assert c.peer.events == ["made", ("lost", None)]
+            lost = await c.client.done  # the peer sees the socket go: EOF, or a reset
+            assert lost is None or isinstance(lost, ConnectionResetError)
 
     run(loop, main())
 
 
-def test_abort_with_unsent_data(loop, kind, unix_dir):
+def test_abort_with_unsent_data(loop, kind, connected):
     class Stubborn(asyncio.Protocol):
         """Never reads, so the server's writes pile up."""
 
@@ -252,24 +153,19 @@ def test_abort_with_unsent_data(loop, kind, unix_dir):
             transport.pause_reading()
 
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, _ = await connect(Stubborn)
-        await accepted(servers)
-        big = b"z" * (8 * MIB)
-        for _ in range(8):
-            servers[0].transport.write(big)
-        assert servers[0].transport.get_write_buffer_size() > 0
-        servers[0].transport.abort()
-        assert await servers[0].done is None
-        transport.close()
-        server.close()
+        async with connected(Recorder, Stubborn) as c:
+            big = b"z" * (8 * MIB)
+            for _ in range(8):
+                c.peer.transport.write(big)
+            assert c.peer.transport.get_write_buffer_size() > 0
+            c.peer.transport.abort()
+            assert await c.peer.done is None
+            c.transport.close()
 
     run(loop, main())
 
 
-def test_write_eof_and_half_close(loop, kind, unix_dir):
+def test_write_eof_and_half_close(loop, kind, connected):
     class Answer(Recorder):
         def eof_received(self):
             super().eof_received()
@@ -278,40 +174,30 @@ def test_write_eof_and_half_close(loop, kind, unix_dir):
             return True  # keep our side open to write the answer
 
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Answer())
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        assert transport.can_write_eof()
-        transport.write(b"question")
-        transport.write_eof()
-        with pytest.raises(RuntimeError):
-            transport.write(b"more")
-        assert await client.done is None
-        assert bytes(client.data) == b"answer to question"
-        assert client.events == ["made", "eof", ("lost", None)]
-        assert servers[0].events == ["made", "eof", ("lost", None)]
-        server.close()
+        async with connected(Answer) as c:
+            assert c.transport.can_write_eof()
+            c.transport.write(b"question")
+            c.transport.write_eof()
+            with pytest.raises(RuntimeError):
+                c.transport.write(b"more")
+            assert await c.client.done is None
+            assert bytes(c.client.data) == b"answer to question"
+            assert c.client.events == ["made", "eof", ("lost", None)]
+            assert c.peer.events == ["made", "eof", ("lost", None)]
 
     run(loop, main())
 
 
-def test_protocol_exception_closes_the_transport(loop, kind, unix_dir):
+def test_protocol_exception_closes_the_transport(loop, kind, connected):
     class Faulty(Recorder):
         def data_received(self, data):
             raise ValueError("bad protocol")
 
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Faulty())
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        transport.write(b"trigger")
-        await servers[0].done
-        assert await client.done is None  # the server closed: we see EOF
-        server.close()
+        async with connected(Faulty) as c:
+            c.transport.write(b"trigger")
+            await c.peer.done
+            assert await c.client.done is None  # the server closed: we see EOF
 
     run(loop, main())
     calls, loop.handler_calls = loop.handler_calls, []
@@ -335,7 +221,7 @@ def test_connect_refused(loop, unix_dir):
 
 # -- flow control --------------------------------------------------------------------------
 
-def test_back_pressure_pauses_and_resumes_writing(loop, kind, unix_dir):
+def test_back_pressure_pauses_and_resumes_writing(loop, kind, connected):
     chunk = b"c" * (256 * 1024)
 
     class Producer(asyncio.Protocol):
@@ -364,80 +250,68 @@ def test_back_pressure_pauses_and_resumes_writing(loop, kind, unix_dir):
             transport.pause_reading()
 
     async def main():
-        producers = []
-        server, connect = await serve(loop, kind, lambda: producers.append(Producer())
-                                      or producers[-1], unix_dir)
-        transport, reader = await connect(SlowReader)
-        producer = await accepted(producers)
-        assert producer.transport.get_write_buffer_limits() == (16 * 1024, 64 * 1024)
-        written = 0
-        # A producer that honours pause_writing, facing a peer that does not read: once the
-        # socket buffers are full, it stays paused and our buffer stays bounded.
-        while True:
-            if producer.paused:
-                try:
-                    await asyncio.wait_for(producer.resumed.wait(), 0.05)
-                    continue  # a pause the kernel absorbed; the peer still does not read
-                except asyncio.TimeoutError:
-                    break
-            producer.transport.write(chunk)
-            written += len(chunk)
-            assert producer.transport.get_write_buffer_size() <= 64 * 1024 + len(chunk)
-            await asyncio.sleep(0)
-        assert producer.calls[-1] == "pause"
-        assert producer.calls == ["pause", "resume"] * (len(producer.calls) // 2) + ["pause"]
-        assert 16 * 1024 < producer.transport.get_write_buffer_size() <= 64 * 1024 + len(chunk)
-        transport.resume_reading()
-        await producer.resumed.wait()
-        assert producer.calls[-1] == "resume"
-        assert producer.transport.get_write_buffer_size() <= 16 * 1024
-        producer.transport.close()
-        await reader.done
-        assert len(reader.data) == written and reader.data.count(b"c") == written
-        server.close()
+        async with connected(Producer, SlowReader) as c:
+            producer, reader = c.peer, c.client
+            assert producer.transport.get_write_buffer_limits() == (16 * 1024, 64 * 1024)
+            written = 0
+            # A producer that honours pause_writing, facing a peer that does not read: once
+            # the socket buffers are full, it stays paused and our buffer stays bounded.
+            while True:
+                if producer.paused:
+                    try:
+                        await asyncio.wait_for(producer.resumed.wait(), 0.05)
+                        continue  # a pause the kernel absorbed; the peer still does not read
+                    except asyncio.TimeoutError:
+                        break
+                producer.transport.write(chunk)
+                written += len(chunk)
+                assert producer.transport.get_write_buffer_size() <= 64 * 1024 + len(chunk)
+                await asyncio.sleep(0)
+            assert producer.calls[-1] == "pause"
+            assert producer.calls == (["pause", "resume"] * (len(producer.calls) // 2)
+                                      + ["pause"])
+            assert (16 * 1024 < producer.transport.get_write_buffer_size()
+                    <= 64 * 1024 + len(chunk))
+            c.transport.resume_reading()
+            await producer.resumed.wait()
+            assert producer.calls[-1] == "resume"
+            assert producer.transport.get_write_buffer_size() <= 16 * 1024
+            producer.transport.close()
+            await reader.done
+            assert len(reader.data) == written and reader.data.count(b"c") == written
 
     run(loop, main())
 
 
-def test_pause_reading_stops_delivery_until_resumed(loop, kind, unix_dir):
+def test_pause_reading_stops_delivery_until_resumed(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, client = await connect(Recorder)
-        await accepted(servers)
-        peer = servers[0]
-        assert peer.transport.is_reading()
-        transport.write(b"first")
-        await read_exactly(peer, 5)
-        peer.transport.pause_reading()
-        assert not peer.transport.is_reading()
-        transport.write(b"second")
-        for _ in range(20):
-            await asyncio.sleep(0.001)
-        assert bytes(peer.data) == b"first"
-        peer.transport.resume_reading()
-        assert await read_exactly(peer, 11) == b"firstsecond"
-        transport.close()
-        await peer.done
-        server.close()
+        async with connected(Recorder) as c:
+            peer = c.peer
+            assert peer.transport.is_reading()
+            c.transport.write(b"first")
+            await read_exactly(peer, 5)
+            peer.transport.pause_reading()
+            assert not peer.transport.is_reading()
+            c.transport.write(b"second")
+            for _ in range(20):
+                await asyncio.sleep(0.001)
+            assert bytes(peer.data) == b"first"
+            peer.transport.resume_reading()
+            assert await read_exactly(peer, 11) == b"firstsecond"
+            c.transport.close()
+            await peer.done
 
     run(loop, main())
 
 
-def test_set_write_buffer_limits_checks_its_arguments(loop, kind, unix_dir):
+def test_set_write_buffer_limits_checks_its_arguments(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, _ = await connect(Recorder)
-        await accepted(servers)
-        with pytest.raises(ValueError):
-            transport.set_write_buffer_limits(high=1, low=2)
-        transport.set_write_buffer_limits(low=100)
-        assert transport.get_write_buffer_limits() == (100, 400)
-        transport.close()
-        server.close()
+        async with connected(Recorder) as c:
+            with pytest.raises(ValueError):
+                c.transport.set_write_buffer_limits(high=1, low=2)
+            c.transport.set_write_buffer_limits(low=100)
+            assert c.transport.get_write_buffer_limits() == (100, 400)
+            c.transport.close()
 
     run(loop, main())
 
@@ -537,22 +411,19 @@ def transfer_64_mib(loop, kind, unix_dir, direction):
             self.pump()
 
     async def upload():
-        server, connect = await serve(loop, kind, HashingSink, unix_dir)
-        transport, sender = await connect(Sender)
-        for piece in blocks:
-            await sender.can_write.wait()
-            transport.write(piece)
-        transport.write_eof()
-        await sender.done
-        server.close()
-        return bytes(sender.data)
+        async with support.connected(loop, kind, unix_dir, HashingSink, Sender) as c:
+            for piece in blocks:
+                await c.client.can_write.wait()
+                c.transport.write(piece)
+            c.transport.write_eof()
+            await c.client.done
+            return bytes(c.client.data)
 
     async def download():
-        server, connect = await serve(loop, kind, Source, unix_dir)
-        transport, sink = await connect(Recorder)
-        await sink.done
-        server.close()
-        return hashlib.sha256(sink.data).digest() + len(sink.data).to_bytes(8, "little")
+        async with support.connected(loop, kind, unix_dir, Source) as c:
+            await c.client.done
+            data = c.client.data
+            return hashlib.sha256(data).digest() + len(data).to_bytes(8, "little")
 
     answer = run(loop, upload() if direction == "upload" else download())
     assert answer == expected.digest() + total.to_bytes(8, "little")
@@ -562,22 +433,19 @@ def transfer_64_mib(loop, kind, unix_dir, direction):
 
 def test_200_concurrent_connections(loop, kind, unix_dir):
     async def main():
-        server, connect = await serve(loop, kind, lambda: BufferedEcho(4096), unix_dir,
-                                      backlog=512)
+        async with support.serving(loop, kind, unix_dir, lambda: BufferedEcho(4096),
+                                   wait_closed=True, backlog=512) as served:
 
-        async def one(i):
-            transport, client = await connect(Recorder)
-            message = b"connection %d " % i * 50
-            transport.write(message)
-            echoed = await read_exactly(client, len(message))
-            transport.close()
-            await client.done
-            return echoed == message
+            async def one(i):
+                transport, client = await served.connect(Recorder)
+                message = b"connection %d " % i * 50
+                transport.write(message)
+                echoed = await read_exactly(client, len(message))
+                transport.close()
+                await client.done
+                return echoed == message
 
-        results = await asyncio.gather(*(one(i) for i in range(200)))
-        server.close()
-        await server.wait_closed()
-        return results
+            return await asyncio.gather(*(one(i) for i in range(200)))
 
     assert run(loop, main()) == [True] * 200
 
@@ -639,24 +507,20 @@ def test_server_serve_forever_and_close(loop):
     run(loop, main())
 
 
-def test_extra_info(loop, kind, unix_dir):
+def test_extra_info(loop, kind, connected):
     async def main():
-        servers = []
-        server, connect = await serve(loop, kind, lambda: servers.append(Recorder())
-                                      or servers[-1], unix_dir)
-        transport, _ = await connect(Recorder)
-        await accepted(servers)
-        sock = transport.get_extra_info("socket")
-        assert sock.family == (socket.AF_INET if kind == "tcp" else socket.AF_UNIX)
-        assert transport.get_extra_info("sockname") == sock.getsockname()
-        assert transport.get_extra_info("peername") == sock.getpeername()
-        assert transport.get_extra_info("no such thing", "default") == "default"
-        if kind == "tcp":
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-            assert transport.get_extra_info("peername") == server.sockets[0].getsockname()
-        assert transport.get_protocol() is _
-        transport.close()
-        server.close()
+        async with connected(Recorder) as c:
+            sock = c.transport.get_extra_info("socket")
+            assert sock.family == (socket.AF_INET if kind == "tcp" else socket.AF_UNIX)
+            assert c.transport.get_extra_info("sockname") == sock.getsockname()
+            assert c.transport.get_extra_info("peername") == sock.getpeername()
+            assert c.transport.get_extra_info("no such thing", "default") == "default"
+            if kind == "tcp":
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                server_address = c.server.sockets[0].getsockname()
+                assert c.transport.get_extra_info("peername") == server_address
+            assert c.transport.get_protocol() is c.client
+            c.transport.close()
 
     run(loop, main())
 
@@ -666,8 +530,8 @@ def test_create_server_from_a_socket_and_reuse_address(loop):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         servers = []
-        server = await loop.create_server(lambda: servers.append(Recorder(echo=True))
-                                          or servers[-1], sock=sock)
+        server = await loop.create_server(recording(servers, lambda: Recorder(echo=True)),
+                                          sock=sock)
         port = sock.getsockname()[1]
         transport, client = await loop.create_connection(Recorder, "127.0.0.1", port)
         transport.write(b"hi")
