@@ -1,0 +1,145 @@
+"""The machine's limits, measured in the same run as the stores (worker roles, run by workers.py
+under the bench venv, one fresh process per trial):
+
+    memcpy         single-thread copy bandwidth: numpy.copyto of 256 MiB into a prefaulted
+                   destination, and a bytearray slice copy of the same size
+    sock_recv /    bulk transfer over TCP loopback: sendall/recv_into in 1 MiB chunks
+    sock_send
+    pingpong_srv / 1-byte request/response round trips, TCP (TCP_NODELAY) or Unix socket: the
+    pingpong_cli   floor of any request/response store under the CPU placement in use
+
+The socket roles bind 127.0.0.1 (port 0) or a Unix socket path the orchestrator gives.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from common import MiB, emit, percentile
+
+
+def role_memcpy(a: dict) -> None:
+    import numpy as np
+    size, reps = a["bytes"], a["reps"]
+    src = np.empty(size, np.uint8)
+    src.fill(1)
+    dst = np.empty(size, np.uint8)
+    dst.fill(0)  # prefault the destination
+    np.copyto(dst, src)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        np.copyto(dst, src)
+    numpy_gbps = size * reps / (time.perf_counter() - t0) / 1e9
+    del dst
+    source = bytearray(src.tobytes())
+    del src
+    target = bytearray(size)
+    target[:] = source  # prefault
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        target[:] = source
+    bytearray_gbps = size * reps / (time.perf_counter() - t0) / 1e9
+    emit("RESULT", {"numpy_copyto_gbps": numpy_gbps, "bytearray_slice_gbps": bytearray_gbps})
+
+
+def _listen(a: dict):
+    if a["family"] == "unix":
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(a["path"])
+        address = a["path"]
+    else:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("127.0.0.1", 0))
+        address = server.getsockname()[1]
+    server.listen(1)
+    return server, address
+
+
+def _connect(a: dict) -> socket.socket:
+    if a["family"] == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(a["address"])
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.connect(("127.0.0.1", a["address"]))
+    return sock
+
+
+def role_sock_recv(a: dict) -> None:
+    """Server side of the bulk test: receives a["total"] bytes, then acks with one byte."""
+    server, address = _listen(a)
+    emit("READY", {"address": address})
+    conn, _ = server.accept()
+    view = memoryview(bytearray(MiB))
+    total, got, started = a["total"], 0, None
+    while got < total:
+        n = conn.recv_into(view, min(MiB, total - got))
+        if n == 0:
+            break
+        if started is None:
+            started = time.perf_counter()
+        got += n
+    elapsed = time.perf_counter() - started
+    conn.sendall(b"k")
+    conn.close()
+    server.close()
+    emit("RESULT", {"bytes": got, "gbps": got / elapsed / 1e9})
+
+
+def role_sock_send(a: dict) -> None:
+    sock = _connect(a)
+    chunk = memoryview(os.urandom(MiB))
+    sent = 0
+    while sent < a["total"]:
+        sock.sendall(chunk)
+        sent += MiB
+    sock.recv(1)
+    sock.close()
+    emit("RESULT", {"bytes": sent})
+
+
+def role_pingpong_srv(a: dict) -> None:
+    server, address = _listen(a)
+    emit("READY", {"address": address})
+    conn, _ = server.accept()
+    if a["family"] != "unix":
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(64)
+    while True:
+        n = conn.recv_into(buf)
+        if n == 0:
+            break
+        conn.sendall(buf[:n])
+    conn.close()
+    server.close()
+    emit("RESULT", {})
+
+
+def role_pingpong_cli(a: dict) -> None:
+    sock = _connect(a)
+    buf = bytearray(64)
+    for _ in range(200):  # warm-up
+        sock.sendall(b"x")
+        sock.recv_into(buf)
+    latencies = []
+    pc = time.perf_counter_ns
+    t_start = time.monotonic()
+    deadline = t_start + a["duration_s"]
+    while True:
+        for _ in range(64):
+            t0 = pc(); sock.sendall(b"x"); sock.recv_into(buf); latencies.append(pc() - t0)
+        if time.monotonic() >= deadline:
+            break
+    elapsed = time.monotonic() - t_start
+    sock.close()
+    latencies.sort()
+    emit("RESULT", {"n": len(latencies), "ops_s": len(latencies) / elapsed,
+                    "p50_us": percentile(latencies, 50) / 1e3,
+                    "p99_us": percentile(latencies, 99) / 1e3})
+
+
+ROLES = {"memcpy": role_memcpy, "sock_recv": role_sock_recv, "sock_send": role_sock_send,
+         "pingpong_srv": role_pingpong_srv, "pingpong_cli": role_pingpong_cli}

@@ -1,0 +1,173 @@
+"""The three servers under test, each started on free loopback ports, pinned to the placement's
+server CPUs, and stopped by PID (procs.PROCS):
+
+    mooncaked        `python -m mooncaked --config FILE` under the project's Python, its own
+                     config in a temp dir (Unix socket, a segment in a private /dev/shm
+                     directory per daemon, metrics off), ready when it sends READY=1 to $NOTIFY_SOCKET;
+                     $MOONCAKED_LOOP selects its event loop (asyncio|uring|auto; unset =
+                     the daemon's default)
+    mooncake_master  from the bench venv, with its HTTP metadata server
+    redis-server     Debian's, no persistence
+
+Each start function returns a Server: the process, the command line (as `taskset ...` for the
+record) and what clients need to connect.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from procs import MOONCAKED_SRC, PROCS, Placement, free_port, wait_tcp
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen
+    command: str
+    connect: dict = field(default_factory=dict)
+    notify: socket.socket | None = None  # mooncaked's $NOTIFY_SOCKET, drained until stop
+
+    def stop(self) -> None:
+        PROCS.stop(self.process, grace_s=15)
+        if self.notify is not None:
+            self.notify.close()
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read and drop the daemon's later STATUS= datagrams (a closed socket makes it log a
+    warning per datagram)."""
+    sock.settimeout(None)
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
+def _command(argv: list[str], placement: Placement, env: dict | None = None) -> str:
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return prefix + Placement.taskset(placement.servers) + " ".join(shlex.quote(x) for x in argv)
+
+
+def _toml(sections: dict) -> str:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                text = str(value)
+            lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def daemon_knows(src: str, key: str) -> bool:
+    """Whether the checkout's mooncaked.toml lists a key (the daemon refuses unknown keys)."""
+    try:
+        with open(os.path.join(src, "mooncaked.toml")) as f:
+            return any(line.startswith(key + " =") for line in f)
+    except OSError:
+        return False
+
+
+def start_mooncaked(python: str, workdir: str, placement: Placement, segment_bytes: int,
+                    loop: str | None, log_path: str) -> Server:
+    """loop: the value for $MOONCAKED_LOOP, or None to leave it unset (the default loop).
+    The segment is prefaulted at start-up when the daemon has that switch (what an operator
+    who cares about latency sets); otherwise run.py fills it once before measuring."""
+    src = MOONCAKED_SRC[0]
+    os.makedirs(workdir, exist_ok=True)
+    shm_dir = os.path.join("/dev/shm",
+                           f"mooncaked-bench-{os.getpid()}-{os.path.basename(workdir)}")
+    os.makedirs(shm_dir, exist_ok=True)
+    unix_socket = os.path.join(workdir, "mooncaked.sock")
+    config_path = os.path.join(workdir, "mooncaked.toml")
+    segments = {"size_bytes": segment_bytes, "shm_dir": shm_dir}
+    if daemon_knows(src, "prefault"):
+        segments["prefault"] = True
+    with open(config_path, "w") as f:
+        f.write(_toml({
+            "node": {"name": "bench"},
+            "server": {"tcp_host": "127.0.0.1", "tcp_port": free_port(),
+                       "unix_socket": unix_socket, "shutdown_grace_ms": 1000},
+            "segments": segments,
+            "metrics": {"enabled": False},
+            "log": {"level": "warning"},
+        }))
+    notify_path = os.path.join(workdir, "notify.sock")
+    if os.path.exists(notify_path):
+        os.unlink(notify_path)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    loop_env = {} if loop is None else {"MOONCAKED_LOOP": loop}
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=src, **loop_env)
+    if loop is None:
+        env.pop("MOONCAKED_LOOP", None)
+    argv = [python, "-m", "mooncaked", "--config", config_path]
+    log = open(log_path, "ab")
+    started = time.monotonic()
+    p = PROCS.popen("mooncaked", argv, cpus=placement.servers, cwd=src, env=env,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    try:
+        deadline = time.monotonic() + 60  # prefaulting a large segment takes a while
+        notify.settimeout(0.2)
+        while True:
+            try:
+                if "READY=1" in notify.recv(4096).decode().split("\n"):
+                    break
+            except socket.timeout:
+                pass
+            if p.poll() is not None:
+                raise RuntimeError(f"mooncaked exited with {p.returncode}; see {log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mooncaked sent no READY=1 within 60 s; see {log_path}")
+    except BaseException:
+        notify.close()
+        PROCS.stop(p)
+        raise
+    threading.Thread(target=_drain, args=(notify,), daemon=True).start()
+    return Server("mooncaked", p, _command(argv, placement, loop_env),
+                  {"address": f"unix:{unix_socket}", "shm_dir": shm_dir,
+                   "startup_s": time.monotonic() - started, "config": config_path}, notify)
+
+
+def start_mooncake_master(venv_python: str, placement: Placement, log_path: str) -> Server:
+    exe = os.path.join(os.path.dirname(venv_python), "mooncake_master")
+    metadata, rpc, metrics = free_port(), free_port(), free_port()
+    argv = [exe, "--enable_http_metadata_server=true", f"--http_metadata_server_port={metadata}",
+            "--http_metadata_server_host=127.0.0.1", f"--rpc_port={rpc}",
+            "--rpc_address=127.0.0.1", f"--metrics_port={metrics}", "--metrics_host=127.0.0.1"]
+    log = open(log_path, "ab")
+    p = PROCS.popen("mooncake_master", argv, cpus=placement.servers, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    wait_tcp(rpc, p)
+    wait_tcp(metadata, p)
+    time.sleep(0.5)
+    return Server("mooncake_master", p, _command(argv, placement),
+                  {"metadata_url": f"http://127.0.0.1:{metadata}/metadata",
+                   "master_addr": f"127.0.0.1:{rpc}"})
+
+
+def start_redis(workdir: str, placement: Placement) -> Server:
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    port = free_port()
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--protected-mode", "yes", "--dir", workdir,
+            "--logfile", os.path.join(workdir, "redis.log")]
+    p = PROCS.popen("redis-server", argv, cpus=placement.servers, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_tcp(port, p)
+    return Server("redis-server", p, _command(argv, placement), {"port": port})
