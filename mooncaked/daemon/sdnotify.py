@@ -18,6 +18,7 @@ class Notifier:
         address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._socket = None
+        self._warned = False
         if self._address:
             # Non-blocking: a receiver that stops reading must never stall the event loop.
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
@@ -37,7 +38,10 @@ class Notifier:
         except BlockingIOError:
             return False  # the receiver's queue is full; STATUS is refreshed later anyway
         except OSError as exc:
-            log.warning("sd_notify to %r failed: %s", self._address, exc)
+            # Said once: a receiver that went away would otherwise be logged every sweep.
+            if not self._warned:
+                self._warned = True
+                log.warning("sd_notify to %r failed: %s (not repeated)", self._address, exc)
             return False
         return True
 
