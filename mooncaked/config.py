@@ -53,6 +53,9 @@ class ServerConfig:
     loop: str = _key("auto", choices=("auto", "uring", "asyncio"),
                      doc="event loop: the io_uring loop, stdlib asyncio, or auto (io_uring "
                      "when usable); $MOONCAKED_LOOP overrides")
+    busy_poll_us: int = _key(0, 0, 10_000, unit="us",
+                             doc="io_uring loop: poll for completions this long before "
+                             "sleeping; for a daemon with CPUs of its own")
 
 
 @dataclass(frozen=True)

@@ -41,3 +41,12 @@ def test_environment_overrides_the_config(make_daemon, monkeypatch):
     monkeypatch.setenv(loops.ENV_VAR, "asyncio")
     name, reason = loop_of(make_daemon(server={"loop": "uring"}))
     assert name == "asyncio" and loops.ENV_VAR in reason
+
+
+@needs_uring
+def test_busy_poll_is_configured_on_the_uring_loop(make_daemon, no_loop_env):
+    daemon = make_daemon(server={"busy_poll_us": 50})
+    name, reason = loop_of(daemon)
+    assert name == "uring" and "busy poll 50 us" in reason
+    with BlockingClient.connect(daemon.tcp_address) as client:
+        assert client.put("k", b"v") and client.get("k") == b"v"

@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a daemon hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        loop_factory, loop_reason = choose_loop(config.server.loop)
+        loop_factory, loop_reason = choose_loop(config.server.loop,
+                                                config.server.busy_poll_us)
     except (RuntimeError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1

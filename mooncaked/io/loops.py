@@ -11,6 +11,7 @@ passed in (it is how tests and operators force one loop). The reason is for the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from typing import Callable
 
@@ -18,9 +19,11 @@ LOOP_NAMES = ("auto", "uring", "asyncio")
 ENV_VAR = "MOONCAKED_LOOP"
 
 
-def choose_loop(name: str = "auto") -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+def choose_loop(name: str = "auto", busy_poll_us: int = 0
+                ) -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
     """(loop factory, reason). Raises ValueError for an unknown name, RuntimeError when
-    "uring" is asked for and cannot run here."""
+    "uring" is asked for and cannot run here. `busy_poll_us` is passed to the io_uring loop
+    (0: its own default, $MOONCAKED_URING_BUSY_POLL_US or none)."""
     source = "configured"
     env = os.environ.get(ENV_VAR)
     if env:
@@ -37,6 +40,9 @@ def choose_loop(name: str = "auto") -> tuple[Callable[[], asyncio.AbstractEventL
     else:
         ok, why = uring.usable()
     if ok:
+        if busy_poll_us:
+            return (functools.partial(uring.new_event_loop, busy_poll_us),
+                    f"uring: {why}, busy poll {busy_poll_us} us ({source})")
         return uring.new_event_loop, f"uring: {why} ({source})"
     if name == "uring":
         raise RuntimeError(f"the io_uring loop was asked for ({source}) but cannot run: {why}")
