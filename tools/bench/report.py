@@ -274,6 +274,10 @@ def render(res: Results, info: dict) -> str:
             f"{' + uncommitted changes' if env['mooncaked_tree_dirty'] else ''}).",
             "mooncaked loops (status()['loop']): " + ", ".join(
                 f"{k} = {v!r}" for k, v in info["loops"].items())]
+    if info.get("loop_reasons"):
+        head.append("mooncaked loop choice (status()['loop_reason']; busy poll is set where the "
+                    "daemon has a CPU its clients do not use): " + "; ".join(
+                        f"{k}: {v}" for k, v in info["loop_reasons"].items()))
     if info.get("drain_wait_s"):
         head.append(f"mooncaked workers waited {info['drain_wait_s']:.0f} s in all (untimed) for "
                     "the previous trial's leased values to be freed")

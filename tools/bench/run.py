@@ -91,7 +91,7 @@ class Bench:
         self.vpy = venv_python    # the bench venv: Mooncake, Redis, numpy
         self.workdir = workdir
         self.results = report.Results()
-        self.info: dict = {"servers": {}, "loops": {}, "errors": []}
+        self.info: dict = {"servers": {}, "loops": {}, "loop_reasons": {}, "errors": []}
         self.t0 = time.monotonic()
         self.venv_env = dict(os.environ, **MOONCAKE_ENV)
 
@@ -285,6 +285,7 @@ class Bench:
             raise
         running = ready["status"].get("loop", "?")
         self.info["loops"][f"{label} [{pl.name}]"] = running
+        self.info["loop_reasons"][f"{label} [{pl.name}]"] = ready["status"].get("loop_reason", "")
         fill = ready["cold_fill"]
         self.log(f"[{pl.name}] {label}: pid {server.process.pid}, loop {running!r}, "
                  f"{report.human_size(segment_bytes)} segment, READY after "

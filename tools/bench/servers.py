@@ -72,6 +72,9 @@ def _toml(sections: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+BUSY_POLL_US_WHEN_APART = 100
+
+
 def daemon_knows(src: str, key: str) -> bool:
     """Whether the checkout's mooncaked.toml lists a key (the daemon refuses unknown keys)."""
     try:
@@ -96,11 +99,16 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
     segments = {"size_bytes": segment_bytes, "shm_dir": shm_dir}
     if daemon_knows(src, "prefault"):
         segments["prefault"] = True
+    server = {"tcp_host": "127.0.0.1", "tcp_port": free_port(), "unix_socket": unix_socket,
+              "shutdown_grace_ms": 1000}
+    if placement.servers and not placement.servers & placement.clients \
+            and daemon_knows(src, "busy_poll_us"):
+        # The daemon has CPUs its clients do not use: the documented setting for that case.
+        server["busy_poll_us"] = BUSY_POLL_US_WHEN_APART
     with open(config_path, "w") as f:
         f.write(_toml({
             "node": {"name": "bench"},
-            "server": {"tcp_host": "127.0.0.1", "tcp_port": free_port(),
-                       "unix_socket": unix_socket, "shutdown_grace_ms": 1000},
+            "server": server,
             "segments": segments,
             "metrics": {"enabled": False},
             "log": {"level": "warning"},
