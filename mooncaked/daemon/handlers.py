@@ -191,12 +191,18 @@ def handle_upsert(conn, params: list, payload_length: int):
     return _put(conn, params, payload_length, upsert=True)
 
 
+def _leased_version(conn, key, now_ms: int):
+    """The readable version of a key, under a fresh read lease; OBJECT_NOT_FOUND if none."""
+    version = conn.daemon.master.get(key, now_ms)
+    if version is None:
+        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    return version
+
+
 def handle_get(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[key]")
     daemon = conn.daemon
-    version = daemon.master.get(_key(conn, params[0]), daemon.now_ms())
-    if version is None:
-        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    version = _leased_version(conn, _key(conn, params[0]), daemon.now_ms())
     return Reply(version.size_bytes,
                  [daemon.replica_view(version.replicas[0], version.size_bytes)])
 
@@ -209,10 +215,7 @@ def handle_exists(conn, params: list, payload_length: int) -> Reply:
 
 def handle_get_size(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[key]")
-    daemon = conn.daemon
-    version = daemon.master.get(_key(conn, params[0]), daemon.now_ms())
-    if version is None:
-        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    version = _leased_version(conn, _key(conn, params[0]), conn.daemon.now_ms())
     return Reply(version.size_bytes)
 
 
@@ -407,9 +410,7 @@ def handle_batch_put_revoke(conn, params: list, payload_length: int) -> Reply:
 
 
 def _replica_location(conn, key, now_ms: int) -> list[int]:
-    version = conn.daemon.master.get(key, now_ms)
-    if version is None:
-        raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    version = _leased_version(conn, key, now_ms)
     replica = conn.daemon.local_replica(version)
     return [replica.segment_id, replica.offset, version.size_bytes]
 
