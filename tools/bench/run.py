@@ -196,20 +196,16 @@ class Bench:
                              [o["cold_fill"]["mbps"] for o in out], noise=noise,
                              n=f"{out[0]['cold_fill']['bytes'] // MiB} MiB",
                              note="first touch of a fresh client segment (put_from 16 MiB)")
-        for size, nops in cfg.sizes:
-            for op in ("put", "get"):
-                xs = [o["bytes"][str(size)][op] for o in out]
-                self.results.add(pl.name, system, op, size, "MB/s", [x["mbps"] for x in xs],
-                                 [x["p50_us"] for x in xs], [x["p99_us"] for x in xs], noise,
-                                 n=nops, note=note, errors=sum(x["errors"] for x in xs))
-        if system == "redis":
-            return
-        for size, nops in cfg.sizes:
-            for op in ("put_from", "get_into"):
-                xs = [o["zero_copy"][str(size)][op] for o in out]
-                self.results.add(pl.name, system, op, size, "MB/s", [x["mbps"] for x in xs],
-                                 [x["p50_us"] for x in xs], [x["p99_us"] for x in xs], noise,
-                                 n=nops, note=note, errors=sum(x["errors"] for x in xs))
+        for section, ops in (("bytes", ("put", "get")), ("zero_copy", ("put_from", "get_into"))):
+            if section == "zero_copy" and system == "redis":
+                return
+            for size, nops in cfg.sizes:
+                for op in ops:
+                    xs = [o[section][str(size)][op] for o in out]
+                    self.results.add(pl.name, system, op, size, "MB/s", [x["mbps"] for x in xs],
+                                     [x["p50_us"] for x in xs], [x["p99_us"] for x in xs],
+                                     noise, n=nops, note=note,
+                                     errors=sum(x["errors"] for x in xs))
         for size, nkeys, nbatches in cfg.batches:
             for op in ("batch_put_from", "batch_get_into"):
                 xs = [o["batch"][f"{nkeys}x{size}"][op] for o in out]

@@ -236,6 +236,29 @@ def timed(op, items, bytes_per_op: int) -> dict:
     return dict(latency_summary(ns, bytes_per_op), errors=errors)
 
 
+def measure_bytes(put, get, clear, sizes, tag: str, warm_ops: int, out: dict) -> None:
+    """put/get of bytes at each size, the same for every system: warm up (small and 16 MiB
+    values), then time `put(key, value)` and `get(key)`; `clear()` empties the store between
+    sizes. Fills out["bytes"] and out["verified"]."""
+    for i in range(warm_ops):  # connection, code paths, staging buffers
+        put(f"{tag}-warm-{i}", b"w" * 4096)
+        get(f"{tag}-warm-{i}")
+    big = b"w" * (16 * MiB)
+    for i in range(4):
+        put(f"{tag}-warmbig-{i}", big)
+        get(f"{tag}-warmbig-{i}")
+    del big
+    clear()
+    for size, nops in sizes:
+        value = pattern(size, size)
+        keys = [f"{tag}-b{size}-{i}" for i in range(nops)]
+        put_timing = timed(lambda k: not put(k, value), keys, size)
+        get_timing = timed(lambda k: len(get(k)) != size, keys, size)
+        out["verified"] &= get(keys[-1]) == value
+        out["bytes"][str(size)] = {"put": put_timing, "get": get_timing}
+        clear()
+
+
 def role_single(a: dict) -> None:
     """One client: bytes put/get, put_from/get_into, batch_put_from/batch_get_into. Each
     summary carries its failed-op count; values are checked outside the timed loops."""
@@ -247,24 +270,7 @@ def role_single(a: dict) -> None:
     else:  # mooncaked: wait for the previous trial's leased values; warm the fresh mapping
         out["drain_wait_s"], evictions_before = wait_drained(mooncaked_client(api))
         out["mapping"] = warm_client_mapping(api, tag, a["cold_ops"])
-    for i in range(20):  # warm-up: connection, code paths, the get() staging buffers
-        api.put(f"{tag}-warm-{i}", b"w" * 4096)
-        api.get(f"{tag}-warm-{i}")
-    big = b"w" * (16 * MiB)
-    for i in range(4):
-        api.put(f"{tag}-warmbig-{i}", big)
-        api.get(f"{tag}-warmbig-{i}")
-    del big
-    api.clear()
-
-    for size, nops in a["sizes"]:
-        value = pattern(size, size)
-        keys = [f"{tag}-b{size}-{i}" for i in range(nops)]
-        put = timed(lambda k: not api.put(k, value), keys, size)
-        get = timed(lambda k: len(api.get(k)) != size, keys, size)
-        out["verified"] &= api.get(keys[-1]) == value
-        out["bytes"][str(size)] = {"put": put, "get": get}
-        api.clear()
+    measure_bytes(api.put, api.get, api.clear, a["sizes"], tag, 20, out)
 
     for size, nops in a["sizes"]:
         src, dst = Buffer(size, pattern(size, size + 1)), Buffer(size)
@@ -388,23 +394,7 @@ def role_redis_single(a: dict) -> None:
     r.ping()
     tag = a["tag"]
     out = {"bytes": {}, "verified": True}
-    for i in range(50):
-        r.set(f"{tag}-warm{i}", b"w" * 4096)
-        r.get(f"{tag}-warm{i}")
-    big = b"w" * (16 * MiB)
-    for i in range(4):
-        r.set(f"{tag}-warmbig{i}", big)
-        r.get(f"{tag}-warmbig{i}")
-    del big
-    r.flushall()
-    for size, nops in a["sizes"]:
-        value = pattern(size, size)
-        keys = [f"{tag}-b{size}-{i}" for i in range(nops)]
-        put = timed(lambda k: not r.set(k, value), keys, size)
-        get = timed(lambda k: len(r.get(k)) != size, keys, size)
-        out["verified"] &= r.get(keys[-1]) == value
-        r.flushall()
-        out["bytes"][str(size)] = {"put": put, "get": get}
+    measure_bytes(r.set, r.get, r.flushall, a["sizes"], tag, 50, out)
     emit("RESULT", out)
 
 
