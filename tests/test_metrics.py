@@ -104,6 +104,17 @@ def test_segment_objects_and_lease_gauges(traffic):
     assert value(families, "mooncaked_objects") == status["objects"]
 
 
+def test_connection_counters(traffic):
+    _, families = scrape(traffic)
+    accepted = value(families, "mooncaked_connections_accepted")
+    assert accepted == 1  # the traffic fixture's one client
+    with BlockingClient.connect(traffic.unix_address) as client:
+        _, families = scrape(traffic)
+        assert value(families, "mooncaked_connections_accepted") == accepted + 1
+        assert value(families, "mooncaked_connections") == 1
+        client.ping()
+
+
 def test_request_duration_histogram(traffic):
     _, families = scrape(traffic)
     histogram = "mooncaked_request_duration_seconds"

@@ -108,7 +108,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._incoming is not None and self._start == self._end:
-            self._advance_payload(nbytes)
+            self._target_offset += nbytes  # the kernel wrote straight into the target
+            self._skip_empty_targets()
         else:
             self._end += nbytes
         try:
@@ -219,10 +220,6 @@ class Connection(asyncio.BufferedProtocol):
         self._target_offset += count
         self._skip_empty_targets()
         return count
-
-    def _advance_payload(self, nbytes: int) -> None:
-        self._target_offset += nbytes
-        self._skip_empty_targets()
 
     def _finish_payload(self) -> None:
         incoming, self._incoming = self._incoming, None

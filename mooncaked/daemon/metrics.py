@@ -97,6 +97,8 @@ class StatsCollector:
                                 value=len(daemon.master.state.objects))
         yield GaugeMetricFamily("mooncaked_connections", "Open client connections",
                                 value=len(daemon.connections))
+        yield CounterMetricFamily("mooncaked_connections_accepted", "Client connections "
+                                  "accepted since start", value=stats.connections_total)
         yield CounterMetricFamily("mooncaked_protocol_errors", "Connections closed for "
                                   "malformed input", value=stats.protocol_errors)
 

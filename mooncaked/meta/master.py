@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -33,7 +33,6 @@ class EvictionStats:
     runs: int = 0
     objects: int = 0
     bytes: int = 0
-    by_reason: dict = field(default_factory=dict)
 
 
 class Master:

@@ -21,8 +21,8 @@ class Allocatable(Protocol):
     def free_ratio(self) -> float: ...
 
 
-def candidate_order(segments: list, preferred_names: Iterable[str], strategy: str,
-                    seed: int) -> list:
+def candidate_order(segments: list[Allocatable], preferred_names: Iterable[str], strategy: str,
+                    seed: int) -> list[Allocatable]:
     """Segments in the order placement tries them: preferred ones first, then by strategy."""
     by_name = {s.name: s for s in segments if s.mounted}
     ordered, seen = [], set()
@@ -42,7 +42,7 @@ def candidate_order(segments: list, preferred_names: Iterable[str], strategy: st
     return ordered
 
 
-def place(segments: list, size_bytes: int, replica_num: int, preferred_names: Iterable[str],
+def place(segments: list[Allocatable], size_bytes: int, replica_num: int, preferred_names: Iterable[str],
           strategy: str, seed: int) -> list[tuple[object, int, int]]:
     """Allocate up to `replica_num` ranges on distinct segments: [(segment, offset, handle)]."""
     if len(segments) == 1 and not preferred_names:
