@@ -19,7 +19,7 @@
 # (double free, or a handle whose node was since reused) is rejected instead
 # of freeing someone else's allocation.
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free as c_free
 
 cdef extern from *:
@@ -79,6 +79,73 @@ cdef inline uint32_t _oa_bin_round_up(uint64_t size) noexcept nogil:
     if size & ((<uint64_t>1 << start) - 1):
         bin_index += 1
     return bin_index
+
+
+# ---- dump/load encoding ---------------------------------------------------------
+#
+# OffsetAllocator.dump() writes, after the magic b"MCOA" and a version byte, unsigned LEB128
+# varints:
+#   header:      shift, capacity_units, max_allocations, allocation_count, free_units,
+#                high, chain_len, bin_count
+#   generations: `high` values, of nodes 0 .. high-1 (nodes >= high are untouched: pooled,
+#                generation 0, and still at their initial place at the bottom of the stack)
+#   chain:       `chain_len` blocks in address order, each (index << 1 | used), size_units;
+#                offsets and neighbour links follow from the order
+#   stack:       the free-node stack above its untouched bottom (high - chain_len indices,
+#                bottom to top)
+#   bins:        `bin_count` non-empty bins in increasing order, each bin, length, and the
+#                node indices from head to tail
+# then a CRC-32 (zlib) of everything before it, 4 bytes little-endian. That is every field
+# that influences later behaviour; what a pooled node's other fields hold does not, and
+# used blocks always have empty bin links. The bitmaps follow from the bin heads.
+
+from zlib import crc32 as _oa_crc32
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+cdef bytes _OA_DUMP_MAGIC = b"MCOA"
+
+cdef enum:
+    _OA_DUMP_VERSION = 1
+    _OA_MARK_ON_STACK = 3           # load() only: a pooled node already seen on the stack
+    _OA_MARK_BINNED = 4             # load() only: a free block already seen in a bin
+
+ctypedef struct _OACursor:
+    const uint8_t* data
+    Py_ssize_t pos
+    Py_ssize_t end
+
+
+cdef inline Py_ssize_t _oa_put_varint(uint8_t* buf, Py_ssize_t pos, uint64_t value) noexcept nogil:
+    while value >= 0x80:
+        buf[pos] = <uint8_t>((value & 0x7F) | 0x80)
+        value >>= 7
+        pos += 1
+    buf[pos] = <uint8_t>value
+    return pos + 1
+
+
+cdef int _oa_get(_OACursor* cur, uint64_t* out, uint64_t max_value, str what) except -1:
+    """Read one varint <= max_value into out, or raise ValueError naming `what`."""
+    cdef uint64_t value = 0
+    cdef uint64_t byte
+    cdef int shift = 0
+    while True:
+        if cur.pos >= cur.end:
+            raise ValueError(f"allocator dump: truncated at {what}")
+        byte = cur.data[cur.pos]
+        cur.pos += 1
+        if shift == 63 and byte > 1:
+            raise ValueError(f"allocator dump: {what} overflows 64 bits")
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"allocator dump: {what} overflows 64 bits")
+    if value > max_value:
+        raise ValueError(f"allocator dump: {what} {value} out of range (max {max_value})")
+    out[0] = value
+    return 0
 
 
 cdef class OffsetAllocator:
@@ -473,3 +540,269 @@ cdef class OffsetAllocator:
     @property
     def max_allocations(self):
         return self._max_allocations
+
+    def allocation_offset(self, handle):
+        """Offset in bytes of a live allocation."""
+        cdef uint32_t index = self._live_index(handle)
+        return self._nodes[index].offset << self._shift
+
+    # ---- snapshots ------------------------------------------------------------
+
+    def dump(self):
+        """The allocator's complete state as bytes (see the encoding above the class).
+
+        OffsetAllocator.load(dump) gives an allocator that behaves identically from then on:
+        the same offsets and handles for the same calls. Equal dumps mean equal states, so
+        the bytes also serve as a digest. Size: a few bytes per block and per touched node.
+        """
+        cdef uint32_t cap = self._node_capacity
+        cdef uint32_t stack_len = self._free_nodes_len
+        cdef uint32_t chain_len = cap - stack_len
+        cdef uint32_t prefix = 0
+        cdef uint32_t high
+        cdef uint32_t i
+        cdef uint32_t index
+        cdef uint32_t head = _OA_NO_NODE
+        cdef uint32_t length
+        cdef uint32_t bin_count = 0
+        cdef Py_ssize_t bound
+        cdef Py_ssize_t pos
+        cdef uint8_t* buf
+        # The untouched bottom of the stack: still cap-1, cap-2, ... with generation 0.
+        while (prefix < stack_len and self._free_nodes[prefix] == cap - 1 - prefix
+               and self._nodes[cap - 1 - prefix].generation == 0):
+            prefix += 1
+        high = cap - prefix
+        for i in range(<uint32_t>_OA_NUM_BINS):
+            if self._bin_heads[i] != _OA_NO_NODE:
+                bin_count += 1
+        for i in range(high):
+            if self._nodes[i].state != _OA_POOLED and self._nodes[i].neighbor_prev == _OA_NO_NODE:
+                head = i
+                break
+        # Varints of u32 take <= 5 bytes, of u64 <= 10.
+        bound = (5 + 8 * 10 + 5 * <Py_ssize_t>high + 15 * <Py_ssize_t>chain_len
+                 + 5 * <Py_ssize_t>(stack_len - prefix) + 10 * <Py_ssize_t>bin_count
+                 + 5 * <Py_ssize_t>chain_len)
+        buf = <uint8_t*>malloc(bound)
+        if buf == NULL:
+            raise MemoryError("cannot allocate the allocator dump buffer")
+        try:
+            buf[0] = b'M'
+            buf[1] = b'C'
+            buf[2] = b'O'
+            buf[3] = b'A'
+            buf[4] = _OA_DUMP_VERSION
+            pos = 5
+            pos = _oa_put_varint(buf, pos, <uint64_t>self._shift)
+            pos = _oa_put_varint(buf, pos, self._capacity_units)
+            pos = _oa_put_varint(buf, pos, self._max_allocations)
+            pos = _oa_put_varint(buf, pos, self._allocation_count)
+            pos = _oa_put_varint(buf, pos, self._free_units)
+            pos = _oa_put_varint(buf, pos, high)
+            pos = _oa_put_varint(buf, pos, chain_len)
+            pos = _oa_put_varint(buf, pos, bin_count)
+            for i in range(high):
+                pos = _oa_put_varint(buf, pos, self._nodes[i].generation)
+            index = head
+            for i in range(chain_len):
+                if index == _OA_NO_NODE:
+                    raise RuntimeError("OffsetAllocator neighbour chain is broken")
+                pos = _oa_put_varint(buf, pos, (<uint64_t>index << 1)
+                                     | (1 if self._nodes[index].state == _OA_USED else 0))
+                pos = _oa_put_varint(buf, pos, self._nodes[index].size)
+                index = self._nodes[index].neighbor_next
+            if index != _OA_NO_NODE:
+                raise RuntimeError("OffsetAllocator neighbour chain is broken")
+            for i in range(prefix, stack_len):
+                pos = _oa_put_varint(buf, pos, self._free_nodes[i])
+            for i in range(<uint32_t>_OA_NUM_BINS):
+                if self._bin_heads[i] == _OA_NO_NODE:
+                    continue
+                length = 0
+                index = self._bin_heads[i]
+                while index != _OA_NO_NODE:
+                    length += 1
+                    index = self._nodes[index].bin_next
+                pos = _oa_put_varint(buf, pos, i)
+                pos = _oa_put_varint(buf, pos, length)
+                index = self._bin_heads[i]
+                while index != _OA_NO_NODE:
+                    pos = _oa_put_varint(buf, pos, index)
+                    index = self._nodes[index].bin_next
+            body = PyBytes_FromStringAndSize(<char*>buf, pos)
+        finally:
+            c_free(buf)
+        return body + (_oa_crc32(body) & 0xFFFFFFFF).to_bytes(4, "little")
+
+    @staticmethod
+    def load(data):
+        """An allocator in exactly the state `data` (from dump()) describes.
+
+        Checks everything: magic, version, checksum, every field's range, and that the blocks
+        tile the capacity, bins hold exactly the free blocks by size, and the stack holds
+        exactly the pooled nodes. Raises ValueError for any bad input.
+        """
+        cdef bytes raw
+        cdef const uint8_t* p
+        cdef _OACursor cur
+        cdef uint64_t shift, capacity_units, max_allocations, allocation_count, free_units
+        cdef uint64_t high, chain_len, bin_count, value, size, bin_index, length
+        cdef uint64_t offset = 0
+        cdef uint64_t used_count = 0
+        cdef uint64_t free_count = 0
+        cdef uint64_t free_sum = 0
+        cdef uint64_t binned = 0
+        cdef uint64_t k, j
+        cdef int64_t last_bin = -1
+        cdef uint32_t cap, i, index, prev, stack_pos, top
+        cdef bint prev_free = False
+        cdef OffsetAllocator alloc
+        cdef _OANode* node
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"allocator dump must be bytes, got {type(data).__name__}")
+        raw = bytes(data)
+        if len(raw) < 9:
+            raise ValueError(f"allocator dump: too short ({len(raw)} bytes)")
+        if raw[:4] != _OA_DUMP_MAGIC:
+            raise ValueError("allocator dump: bad magic")
+        if raw[4] != _OA_DUMP_VERSION:
+            raise ValueError(f"allocator dump: unsupported version {raw[4]}")
+        if (_oa_crc32(raw[:len(raw) - 4]) & 0xFFFFFFFF) != int.from_bytes(raw[len(raw) - 4:], "little"):
+            raise ValueError("allocator dump: checksum mismatch")
+        p = <const uint8_t*><const char*>raw
+        cur.data = p
+        cur.pos = 5
+        cur.end = len(raw) - 4
+
+        _oa_get(&cur, &shift, 63, "alignment shift")
+        _oa_get(&cur, &capacity_units, (~<uint64_t>0) >> shift, "capacity")
+        if capacity_units == 0:
+            raise ValueError("allocator dump: capacity 0")
+        _oa_get(&cur, &max_allocations, _OA_MAX_ALLOCATIONS, "max_allocations")
+        if max_allocations == 0:
+            raise ValueError("allocator dump: max_allocations 0")
+        _oa_get(&cur, &allocation_count, max_allocations, "allocation count")
+        _oa_get(&cur, &free_units, capacity_units, "free units")
+        _oa_get(&cur, &high, 2 * max_allocations + 2, "node high-water mark")
+        _oa_get(&cur, &chain_len, high, "block count")
+        if chain_len == 0:
+            raise ValueError("allocator dump: no blocks")
+        _oa_get(&cur, &bin_count, _OA_NUM_BINS, "bin count")
+        # Every varint takes at least one byte: refuse before allocating anything big.
+        if <uint64_t>(cur.end - cur.pos) < high + chain_len + high:
+            raise ValueError("allocator dump: truncated")
+
+        alloc = OffsetAllocator((<object>capacity_units) << shift, (<object>1) << shift,
+                                max_allocations)
+        cap = alloc._node_capacity
+        for i in range(cap):
+            node = &alloc._nodes[i]
+            node.offset = 0
+            node.size = 0
+            node.bin_prev = _OA_NO_NODE
+            node.bin_next = _OA_NO_NODE
+            node.neighbor_prev = _OA_NO_NODE
+            node.neighbor_next = _OA_NO_NODE
+            node.generation = 0
+            node.state = _OA_POOLED
+        for i in range(<uint32_t>_OA_NUM_BINS):
+            alloc._bin_heads[i] = _OA_NO_NODE
+        for i in range(<uint32_t>_OA_TOP_BINS):
+            alloc._used_leaf[i] = 0
+        alloc._used_top = 0
+
+        for i in range(<uint32_t>high):
+            _oa_get(&cur, &value, 0xFFFFFFFF, "generation")
+            alloc._nodes[i].generation = <uint32_t>value
+
+        # Blocks in address order: they must tile [0, capacity) with no two free ones adjacent.
+        prev = _OA_NO_NODE
+        for k in range(chain_len):
+            _oa_get(&cur, &value, 2 * high - 1, "block node")
+            index = <uint32_t>(value >> 1)
+            node = &alloc._nodes[index]
+            if node.state != _OA_POOLED:
+                raise ValueError(f"allocator dump: node {index} appears twice in the chain")
+            _oa_get(&cur, &size, capacity_units - offset, "block size")
+            if size == 0:
+                raise ValueError("allocator dump: empty block")
+            if value & 1:
+                node.state = _OA_USED
+                used_count += 1
+                prev_free = False
+            else:
+                if prev_free:
+                    raise ValueError("allocator dump: two adjacent free blocks")
+                node.state = _OA_FREE
+                free_count += 1
+                free_sum += size
+                prev_free = True
+            node.offset = offset
+            node.size = size
+            node.neighbor_prev = prev
+            if prev != _OA_NO_NODE:
+                alloc._nodes[prev].neighbor_next = index
+            prev = index
+            offset += size
+        if offset != capacity_units:
+            raise ValueError("allocator dump: blocks do not cover the capacity")
+        if used_count != allocation_count or free_sum != free_units:
+            raise ValueError("allocator dump: counters disagree with the blocks")
+
+        # The stack: its untouched bottom, then exactly the other pooled nodes, once each.
+        stack_pos = cap - <uint32_t>high
+        for i in range(stack_pos):
+            alloc._free_nodes[i] = cap - 1 - i
+        for k in range(high - chain_len):
+            _oa_get(&cur, &value, high - 1, "pooled node")
+            node = &alloc._nodes[value]
+            if node.state != _OA_POOLED:
+                raise ValueError(f"allocator dump: stack entry {value} is not a pooled node")
+            node.state = _OA_MARK_ON_STACK
+            alloc._free_nodes[stack_pos] = <uint32_t>value
+            stack_pos += 1
+        alloc._free_nodes_len = stack_pos
+        for i in range(cap - <uint32_t>high, stack_pos):
+            alloc._nodes[alloc._free_nodes[i]].state = _OA_POOLED
+
+        # Bins: each free block exactly once, in the bin its size rounds down to.
+        for k in range(bin_count):
+            _oa_get(&cur, &bin_index, _OA_NUM_BINS - 1, "bin")
+            if <int64_t>bin_index <= last_bin:
+                raise ValueError("allocator dump: bins out of order")
+            last_bin = <int64_t>bin_index
+            _oa_get(&cur, &length, free_count - binned, "bin length")
+            if length == 0:
+                raise ValueError("allocator dump: empty bin listed")
+            prev = _OA_NO_NODE
+            for j in range(length):
+                _oa_get(&cur, &value, high - 1, "bin entry")
+                index = <uint32_t>value
+                node = &alloc._nodes[index]
+                if node.state != _OA_FREE:
+                    raise ValueError(f"allocator dump: bin entry {index} is not a free block "
+                                     "or is listed twice")
+                if _oa_bin_round_down(node.size) != bin_index:
+                    raise ValueError(f"allocator dump: block {index} is in the wrong bin")
+                node.state = _OA_MARK_BINNED
+                node.bin_prev = prev
+                if prev == _OA_NO_NODE:
+                    alloc._bin_heads[bin_index] = index
+                else:
+                    alloc._nodes[prev].bin_next = index
+                prev = index
+            binned += length
+            top = <uint32_t>(bin_index >> _OA_MANTISSA_BITS)
+            alloc._used_leaf[top] |= <uint8_t>(1 << (bin_index & _OA_MANTISSA_MASK))
+            alloc._used_top |= <uint64_t>1 << top
+        if binned != free_count:
+            raise ValueError("allocator dump: a free block is in no bin")
+        if cur.pos != cur.end:
+            raise ValueError("allocator dump: trailing bytes")
+        for i in range(<uint32_t>high):
+            if alloc._nodes[i].state == _OA_MARK_BINNED:
+                alloc._nodes[i].state = _OA_FREE
+        alloc._free_units = free_sum
+        alloc._allocation_count = used_count
+        return alloc

@@ -13,8 +13,11 @@ Invariants it keeps (checked by `check_invariants`, used by the tests):
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from typing import Callable
+
+import msgpack
 
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import commands as c
@@ -38,6 +41,17 @@ class Segment:
 
     def free_ratio(self) -> float:
         return self.allocator.free_bytes / self.allocator.capacity_bytes
+
+
+class Node:
+    __slots__ = ("node_id", "name", "client_address", "peer_address", "up")
+
+    def __init__(self, node_id: int, name: str, client_address: str, peer_address: str) -> None:
+        self.node_id = node_id
+        self.name = name
+        self.client_address = client_address
+        self.peer_address = peer_address
+        self.up = True
 
 
 class Replica:
@@ -92,6 +106,10 @@ class StateMachine:
         self.segments: dict[int, Segment] = {}
         self.segment_list: list[Segment] = []
         self.objects: dict[c.ObjectKey, ObjectEntry] = {}
+        self.nodes: dict[int, Node] = {}
+        # The latest time any applied command carried: the cluster's clock, which a new leader
+        # continues from, since its own monotonic clock has an unrelated origin.
+        self.clock_ms = 0
         # Unfinished writes in start order (the clock is monotonic), for the release sweep.
         self.pending_order: dict[c.ObjectKey, int] = {}
         # Ranges waiting for a deadline before reuse: heap of (release_at_ms, seq, replicas).
@@ -107,10 +125,34 @@ class StateMachine:
             c.Remove: self._remove,
             c.Evict: self._evict,
             c.ReleaseExpired: self._release_expired,
+            c.NodeUp: self._node_up,
+            c.NodeDown: self._node_down,
         }
 
     def apply(self, command):
+        now_ms = getattr(command, "now_ms", 0)
+        if now_ms > self.clock_ms:
+            self.clock_ms = now_ms
         return self._apply[type(command)](command)
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def _node_up(self, cmd: c.NodeUp) -> int:
+        """Register a node that (re)starts with fresh memory: segments it had are dropped."""
+        lost = self._node_down(c.NodeDown(cmd.node_id))
+        self.nodes[cmd.node_id] = Node(cmd.node_id, cmd.name, cmd.client_address,
+                                       cmd.peer_address)
+        return lost
+
+    def _node_down(self, cmd: c.NodeDown) -> int:
+        """Mark the node down and drop its segments; returns the objects left with no replica."""
+        node = self.nodes.get(cmd.node_id)
+        if node is not None:
+            node.up = False
+        lost = 0
+        for segment_id in [s for s in self.segments if c.node_of_segment(s) == cmd.node_id]:
+            lost += self._unmount_segment(c.UnmountSegment(segment_id))
+        return lost
 
     # -- segments ---------------------------------------------------------------------------
 
@@ -325,3 +367,217 @@ class StateMachine:
             for (_, end), (start, _) in zip(spans, spans[1:]):
                 assert end <= start, f"overlapping ranges in segment {segment_id}"
             assert allocator.used_bytes == sum(e - s for s, e in spans)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole state as msgpack bytes, for Raft log compaction; `restore` takes it back.
+
+        Holds everything later commands depend on, in the orders they are iterated in:
+        segments with their allocators' exact internal state (OffsetAllocator.dump), nodes,
+        objects with both versions and pins, the pending order, the deferred heap as laid out,
+        its sequence counter and byte count, and the clock. The config values are recorded
+        too (restore keeps the instance's own). The same state always gives the same bytes.
+        """
+        def replicas(rs):
+            return [[r.segment_id, r.offset, r.handle] for r in rs]
+
+        def version(v):
+            if v is None:
+                return None
+            return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas)]
+
+        state = {
+            "format": 1,
+            "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
+                       self.allocation_strategy],
+            "clock_ms": self.clock_ms,
+            "segments": [[s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
+                          s.allocator.dump()] for s in self.segments.values()],
+            "segment_list": [s.segment_id for s in self.segment_list],
+            "nodes": [[n.node_id, n.name, n.client_address, n.peer_address, bool(n.up)]
+                      for n in self.nodes.values()],
+            "objects": [[ns, name, bool(e.hard_pin), e.soft_pin_ttl_ms, e.soft_pin_deadline_ms,
+                         e.created_ms, version(e.complete), version(e.pending)]
+                        for (ns, name), e in self.objects.items()],
+            "pending_order": [[ns, name, started] for (ns, name), started
+                              in self.pending_order.items()],
+            "deferred": [[release_at, seq, replicas(rs)] for release_at, seq, rs in self._deferred],
+            "deferred_seq": self._deferred_seq,
+            "deferred_bytes": self.deferred_bytes,
+        }
+        return msgpack.packb(state, use_bin_type=True)
+
+    def digest(self) -> bytes:
+        """A 32-byte hash of the whole state (that of `snapshot`, config included).
+
+        Two state machines that applied the same commands have equal digests; any difference
+        in objects, replicas, allocator internals, deferred ranges, nodes or orders shows.
+        """
+        return hashlib.blake2b(self.snapshot(), digest_size=32).digest()
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with a `snapshot`'s; config and allocator factory stay.
+
+        Everything is checked before anything changes: the shape and types of every field,
+        each allocator dump (OffsetAllocator.load), that replicas name existing segments, and
+        that every live allocation is owned exactly once, as `check_invariants` requires.
+        Raises ValueError on bad data, leaving the state as it was.
+        """
+        from mooncaked._native import OffsetAllocator
+
+        def fail(what):
+            raise ValueError(f"state snapshot: {what}")
+
+        def need(condition, what):
+            if not condition:
+                fail(what)
+
+        def is_int(v):
+            return type(v) is int
+
+        def is_opt_int(v):
+            return v is None or type(v) is int
+
+        def is_str(v):
+            return type(v) is str
+
+        def row(v, n, what):
+            need(type(v) is tuple and len(v) == n, f"bad {what} {v!r:.80}")
+            return v
+
+        def seq_of(v, what):
+            need(type(v) is tuple, f"{what} is not an array")
+            return v
+
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            fail(f"expected bytes, got {type(data).__name__}")
+        try:
+            top = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several types for bad bytes
+            raise ValueError(f"state snapshot: not msgpack ({exc})") from None
+        fields = ("format", "config", "clock_ms", "segments", "segment_list", "nodes", "objects",
+                  "pending_order", "deferred", "deferred_seq", "deferred_bytes")
+        need(type(top) is dict, "not a map")
+        need(top.get("format") == 1 and type(top.get("format")) is int,
+             f"unsupported format {top.get('format')!r:.40}")
+        need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
+        config = row(top["config"], 4, "config")
+        need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
+        for name in ("clock_ms", "deferred_seq", "deferred_bytes"):
+            need(is_int(top[name]), f"bad {name}")
+
+        segments: dict[int, Segment] = {}
+        for item in seq_of(top["segments"], "segments"):
+            sid, name, node_name, size_bytes, mounted, dump = row(item, 6, "segment")
+            need(is_int(sid) and is_str(name) and is_str(node_name) and is_int(size_bytes)
+                 and type(mounted) is bool and type(dump) is bytes, f"bad segment {sid!r:.40}")
+            need(sid not in segments, f"segment {sid} twice")
+            try:
+                allocator = OffsetAllocator.load(dump)
+            except (ValueError, MemoryError) as exc:
+                fail(f"segment {sid}: {exc}")
+            segment = Segment(sid, name, node_name, size_bytes, allocator)
+            segment.mounted = mounted
+            segments[sid] = segment
+        order = seq_of(top["segment_list"], "segment_list")
+        need(all(map(is_int, order)) and len(order) == len(segments)
+             and set(order) == set(segments), "segment_list does not list the segments")
+        segment_list = [segments[sid] for sid in order]
+
+        nodes: dict[int, Node] = {}
+        for item in seq_of(top["nodes"], "nodes"):
+            node_id, name, client_address, peer_address, up = row(item, 5, "node")
+            need(is_int(node_id) and is_str(name) and is_str(client_address)
+                 and is_str(peer_address) and type(up) is bool, f"bad node {node_id!r:.40}")
+            need(node_id not in nodes, f"node {node_id} twice")
+            node = Node(node_id, name, client_address, peer_address)
+            node.up = up
+            nodes[node_id] = node
+
+        owned: dict[int, dict[int, int]] = {sid: {} for sid in segments}  # handle -> offset
+
+        def parse_replicas(value, what):
+            replicas = []
+            for item in seq_of(value, what):
+                sid, offset, handle = row(item, 3, f"replica of {what}")
+                need(is_int(sid) and is_int(offset) and is_int(handle), f"bad replica of {what}")
+                need(sid in segments, f"{what}: replica on unknown segment {sid}")
+                need(handle not in owned[sid], f"{what}: range {handle} owned twice")
+                owned[sid][handle] = offset
+                replicas.append(Replica(sid, offset, handle))
+            return replicas
+
+        def parse_version(value, what):
+            if value is None:
+                return None
+            size_bytes, writer_id, started_ms, replicas = row(value, 4, what)
+            need(is_int(size_bytes) and is_int(writer_id) and is_int(started_ms), f"bad {what}")
+            replicas = parse_replicas(replicas, what)
+            sids = [r.segment_id for r in replicas]
+            need(len(set(sids)) == len(sids), f"{what}: two replicas on one segment")
+            return Version(size_bytes, replicas, writer_id, started_ms)
+
+        objects: dict[c.ObjectKey, ObjectEntry] = {}
+        for item in seq_of(top["objects"], "objects"):
+            ns, name, hard_pin, ttl, deadline, created_ms, complete, pending = row(
+                item, 8, "object")
+            need(is_str(ns) and is_str(name) and type(hard_pin) is bool and is_opt_int(ttl)
+                 and is_opt_int(deadline) and is_int(created_ms), f"bad object {name!r:.40}")
+            key = (ns, name)
+            need(key not in objects, f"object {key!r:.60} twice")
+            entry = ObjectEntry(hard_pin, created_ms)
+            entry.soft_pin_ttl_ms = ttl
+            entry.soft_pin_deadline_ms = deadline
+            entry.complete = parse_version(complete, f"object {key!r:.60}")
+            entry.pending = parse_version(pending, f"object {key!r:.60}")
+            need(entry.complete is not None or entry.pending is not None,
+                 f"object {key!r:.60} has no version")
+            objects[key] = entry
+
+        pending_order: dict[c.ObjectKey, int] = {}
+        for item in seq_of(top["pending_order"], "pending_order"):
+            ns, name, started_ms = row(item, 3, "pending_order entry")
+            need(is_str(ns) and is_str(name) and is_int(started_ms), "bad pending_order entry")
+            need((ns, name) not in pending_order, "pending_order lists a key twice")
+            pending_order[(ns, name)] = started_ms
+        need(set(pending_order) == {k for k, e in objects.items() if e.pending is not None},
+             "pending_order does not match the pending versions")
+
+        deferred = []
+        seqs = set()
+        for item in seq_of(top["deferred"], "deferred"):
+            release_at, seq, replicas = row(item, 3, "deferred entry")
+            need(is_int(release_at) and is_int(seq) and 0 < seq <= top["deferred_seq"]
+                 and seq not in seqs, "bad deferred entry")
+            seqs.add(seq)
+            deferred.append((release_at, seq, parse_replicas(replicas, "deferred entry")))
+        for i in range(1, len(deferred)):
+            need(deferred[(i - 1) // 2][:2] <= deferred[i][:2], "deferred is not a heap")
+
+        for sid, ranges in owned.items():
+            allocator = segments[sid].allocator
+            need(allocator.allocation_count == len(ranges),
+                 f"segment {sid}: {allocator.allocation_count} live ranges, {len(ranges)} owned")
+            for handle, offset in ranges.items():
+                try:
+                    live_offset = allocator.allocation_offset(handle)
+                except (ValueError, TypeError):
+                    fail(f"segment {sid}: replica handle {handle} is not a live range")
+                need(live_offset == offset, f"segment {sid}: replica offset {offset} != "
+                                            f"{live_offset}")
+
+        # Checked: install. Containers are refilled in place, so references to them stay valid.
+        self.segments.clear()
+        self.segments.update(segments)
+        self.segment_list[:] = segment_list
+        self.nodes.clear()
+        self.nodes.update(nodes)
+        self.objects.clear()
+        self.objects.update(objects)
+        self.pending_order.clear()
+        self.pending_order.update(pending_order)
+        self._deferred = deferred
+        self._deferred_seq = top["deferred_seq"]
+        self.deferred_bytes = top["deferred_bytes"]
+        self.clock_ms = top["clock_ms"]
