@@ -12,6 +12,28 @@ from dataclasses import dataclass
 
 ObjectKey = tuple[str, str]  # (namespace, key)
 
+# A cluster segment id is node_id (high bits), a mount generation (8 bits) and the segment's
+# index on its node (8 bits). A node that registers again (restarted, or declared down and
+# back) mounts its segments under a new generation, so a late write or read aimed at a range
+# of the old mount names a segment that no longer exists and is refused, never landing in
+# memory that was reallocated meanwhile.
+SEGMENT_INDEX_BITS = 16
+SEGMENT_SLOT_BITS = 8
+SEGMENT_SLOT_MASK = (1 << SEGMENT_SLOT_BITS) - 1
+
+
+def segment_id_of(node_id: int, index: int, generation: int = 0) -> int:
+    return (node_id << SEGMENT_INDEX_BITS) | ((generation & 0xFF) << SEGMENT_SLOT_BITS) | index
+
+
+def node_of_segment(segment_id: int) -> int:
+    return segment_id >> SEGMENT_INDEX_BITS
+
+
+def slot_of_segment(segment_id: int) -> int:
+    """The segment's index on its node (which of the node's segment memories holds it)."""
+    return segment_id & SEGMENT_SLOT_MASK
+
 
 @dataclass(frozen=True, slots=True)
 class MountSegment:
@@ -71,3 +93,18 @@ class Evict:
 class ReleaseExpired:
     """Free what waits for a deadline: released ranges and unfinished puts past their timeout."""
     now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUp:
+    """A node joined or came back: where its clients and peers reach it."""
+    node_id: int
+    name: str
+    client_address: str  # host:port of its client listener
+    peer_address: str  # host:port of its peer listener (Raft messages and replica bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDown:
+    """A node left or went silent past its TTL: its segments and their replicas are dropped."""
+    node_id: int

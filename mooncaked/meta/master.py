@@ -153,28 +153,9 @@ class Master:
     def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0) -> int:
         """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.
 
-        Frees about `eviction_ratio` of the capacity (more when further over the watermark),
-        never a leased, being-written or hard-pinned object; soft-pinned objects are taken
-        only in a second pass, when the first freed less than the lower bound.
         Returns the number of objects evicted.
         """
-        state, config = self.state, self.config
-        capacity = state.capacity_bytes()
-        if capacity == 0:
-            return 0
-        used_ratio = state.used_bytes() / capacity
-        high = config.eviction_high_watermark_ratio
-        over_objects = len(state.objects) - state.max_objects + need_objects
-        if used_ratio <= high and need_bytes == 0 and over_objects <= 0:
-            return 0
-        target_ratio = max(config.eviction_ratio, used_ratio - high + config.eviction_ratio)
-        target_bytes = max(int(target_ratio * capacity), need_bytes)
-        lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
-        chosen: list[c.ObjectKey] = []
-        freed = self._select(now_ms, chosen, target_bytes, over_objects, soft_pinned=False)
-        if freed < lower_bytes or len(chosen) < over_objects:
-            freed += self._select(now_ms, chosen, target_bytes - freed,
-                                  over_objects - len(chosen), soft_pinned=True)
+        chosen = self.choose_evictions(now_ms, need_bytes, need_objects)
         if not chosen:
             return 0
         freed_bytes = self.propose(c.Evict(tuple(chosen)))
@@ -184,6 +165,33 @@ class Master:
         self.evictions.objects += len(chosen)
         self.evictions.bytes += freed_bytes
         return len(chosen)
+
+    def choose_evictions(self, now_ms: int, need_bytes: int = 0,
+                         need_objects: int = 0) -> list[c.ObjectKey]:
+        """What one eviction run takes, oldest lease first.
+
+        About `eviction_ratio` of the capacity (more when further over the watermark), never a
+        leased, being-written or hard-pinned object; soft-pinned objects are taken only in a
+        second pass, when the first freed less than the lower bound.
+        """
+        state, config = self.state, self.config
+        capacity = state.capacity_bytes()
+        if capacity == 0:
+            return []
+        used_ratio = state.used_bytes() / capacity
+        high = config.eviction_high_watermark_ratio
+        over_objects = len(state.objects) - state.max_objects + need_objects
+        if used_ratio <= high and need_bytes == 0 and over_objects <= 0:
+            return []
+        target_ratio = max(config.eviction_ratio, used_ratio - high + config.eviction_ratio)
+        target_bytes = max(int(target_ratio * capacity), need_bytes)
+        lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
+        chosen: list[c.ObjectKey] = []
+        freed = self._select(now_ms, chosen, target_bytes, over_objects, soft_pinned=False)
+        if freed < lower_bytes or len(chosen) < over_objects:
+            self._select(now_ms, chosen, target_bytes - freed, over_objects - len(chosen),
+                         soft_pinned=True)
+        return chosen
 
     def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
                 soft_pinned: bool) -> int:

@@ -35,7 +35,8 @@ def candidate_order(segments: list[Allocatable], preferred_names: Iterable[str],
     if len(rest) > 1:
         if strategy == "free_ratio_first":
             rest.sort(key=lambda s: (-s.free_ratio(), s.segment_id))
-        else:  # random: a random starting point, then walk the list
+        else:  # random, local_first (whose own segments come as preferred): a random
+            # starting point, then walk the list
             start = random.Random(seed).randrange(len(rest))
             rest = rest[start:] + rest[:start]
     ordered.extend(rest)

@@ -1,0 +1,82 @@
+"""Commands as bytes: how a metadata command travels in a Raft log entry.
+
+A command is a msgpack array `[tag, field, ...]` with the fields in their dataclass order.
+Arrays decode as tuples, which is what the commands' tuple fields (object keys, segment names)
+are. Decoding checks the tag, the arity and each field's type, and raises ValueError otherwise:
+entries come from disk and peers, and a bad one must stop the node with a clear message rather
+than put a wrong value into the state machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+
+from mooncaked.meta import commands as c
+
+# Tags are part of the log format: never renumber one.
+TAGS: dict[type, int] = {
+    c.MountSegment: 1,
+    c.UnmountSegment: 2,
+    c.PutStart: 3,
+    c.PutEnd: 4,
+    c.PutRevoke: 5,
+    c.Remove: 6,
+    c.Evict: 7,
+    c.ReleaseExpired: 8,
+    c.NodeUp: 9,
+    c.NodeDown: 10,
+}
+_BY_TAG = {tag: cls for cls, tag in TAGS.items()}
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
+
+
+def _is_key(value) -> bool:
+    return (type(value) is tuple and len(value) == 2
+            and type(value[0]) is str and type(value[1]) is str)
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+# What each field must look like, by field name (names mean the same in every command).
+_CHECKS = {
+    "object_key": _is_key,
+    "object_keys": lambda v: type(v) is tuple and all(_is_key(k) for k in v),
+    "preferred_segments": lambda v: type(v) is tuple and all(type(s) is str for s in v),
+    "soft_pin_ttl_ms": lambda v: v is None or type(v) is int,
+    "hard_pin": lambda v: type(v) is bool,
+    "upsert": lambda v: type(v) is bool,
+    "name": lambda v: type(v) is str,
+    "node_name": lambda v: type(v) is str,
+    "client_address": lambda v: type(v) is str,
+    "peer_address": lambda v: type(v) is str,
+}
+
+
+def encode(command) -> bytes:
+    cls = type(command)
+    return msgpack.packb([TAGS[cls], *(getattr(command, name) for name in _FIELDS[cls])],
+                         use_bin_type=True)
+
+
+def decode(data: bytes):
+    try:
+        value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise ValueError(f"command: not msgpack ({exc})") from None
+    if type(value) is not tuple or not value or type(value[0]) is not int:
+        raise ValueError("command: expected an array starting with a tag")
+    cls = _BY_TAG.get(value[0])
+    if cls is None:
+        raise ValueError(f"command: unknown tag {value[0]}")
+    names = _FIELDS[cls]
+    if len(value) != len(names) + 1:
+        raise ValueError(f"command {cls.__name__}: expected {len(names)} fields, "
+                         f"got {len(value) - 1}")
+    for name, field_value in zip(names, value[1:]):
+        if not _CHECKS.get(name, _is_int)(field_value):
+            raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
+    return cls(*value[1:])
