@@ -94,9 +94,49 @@ class StoreConfig:
                                  doc="fraction of capacity one eviction run frees")
     eviction_interval_ms: int = _key(100, 1, 60_000, unit="ms",
                                      doc="period of the eviction and expiry sweep")
-    allocation_strategy: str = _key("random", choices=("random", "free_ratio_first"),
-                                    doc="how replicas pick segments")
+    allocation_strategy: str = _key("random", choices=("random", "free_ratio_first",
+                                                       "local_first"),
+                                    doc="how replicas pick segments; local_first = the "
+                                    "writer's node first, then random")
     max_objects: int = _key(4_194_304, 1, 1 << 32, doc="objects (all namespaces) at most")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    enabled: bool = _key(False, doc="run as a member of a Raft cluster; off = a cluster of "
+                         "one with no log on disk")
+    node_id: int = _key(0, 0, 65535, doc="this node's id in the cluster, unique, 1-65535")
+    peer_host: str = _key("127.0.0.1", doc="address the peer listener binds to")
+    peer_port: int = _key(50151, 0, 65535, doc="peer listen port (Raft messages and replica "
+                          "bytes); 0 = any free port")
+    advertise_host: str = _key("", doc="host other nodes use to reach this one; empty = "
+                               "peer_host (tcp_host for clients)")
+    initial_members: str = _key("", doc="a new cluster's voters, comma-separated "
+                                "id@host:peer_port; empty = a new cluster of this node")
+    join: str = _key("", doc="host:peer_port of a member to join through; --join overrides")
+    data_dir: str = _key("/var/lib/mooncaked", doc="directory of the Raft log and snapshots")
+    fsync: str = _key("batch", choices=("batch", "none"),
+                      doc="batch = one fdatasync per batch of log writes before anything that "
+                      "depends on them is sent; none = never (tests and benchmarks only)")
+    tick_ms: int = _key(100, 1, 10_000, unit="ms", doc="Raft tick period")
+    election_ticks: int = _key(10, 2, 1000, doc="election timeout, in ticks (randomised up "
+                               "to twice this)")
+    heartbeat_ticks: int = _key(1, 1, 100, doc="leader heartbeat period, in ticks")
+    read_mode: str = _key("lease", choices=("lease", "safe"),
+                          doc="linearizable reads: lease = the leader's check-quorum lease; "
+                          "safe = a heartbeat round per batch of reads")
+    node_ttl_ms: int = _key(5000, 100, 3_600_000, unit="ms",
+                            doc="a node silent this long is declared down and its replicas "
+                            "dropped")
+    snapshot_entries: int = _key(10_000, 1, 1 << 30,
+                                 doc="applied entries between state machine snapshots")
+    max_pending_proposals: int = _key(10_000, 1, 1 << 24,
+                                      doc="proposals waiting to commit at most")
+    rpc_timeout_ms: int = _key(5000, 1, 600_000, unit="ms",
+                               doc="a request to another node fails after this")
+    data_connections: int = _key(4, 1, 64, doc="connections per peer for replica bytes")
+    stripe_bytes: int = _key(4 * MIB, 4096, GIB, unit="bytes",
+                             doc="values larger than this go over several data connections")
 
 
 @dataclass(frozen=True)
@@ -117,6 +157,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     source: str = ""
@@ -190,6 +231,33 @@ def _check_relations(config: Config, path: str) -> None:
                           "put_start_release_timeout_ms")
     if store.soft_pin_ttl_ms > store.max_soft_pin_ttl_ms:
         raise ConfigError(f"{path}: [store] soft_pin_ttl_ms must not exceed max_soft_pin_ttl_ms")
+    cluster = config.cluster
+    if cluster.enabled:
+        if cluster.node_id == 0:
+            raise ConfigError(f"{path}: [cluster] node_id must be set (1-65535) when enabled")
+        try:
+            members = parse_members(cluster.initial_members)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: [cluster] initial_members: {exc}") from None
+        if members and cluster.node_id not in members:
+            raise ConfigError(f"{path}: [cluster] initial_members must include node_id "
+                              f"{cluster.node_id}")
+        if cluster.heartbeat_ticks >= cluster.election_ticks:
+            raise ConfigError(f"{path}: [cluster] heartbeat_ticks must be below election_ticks")
+
+
+def parse_members(text: str) -> dict[int, str]:
+    """`1@host:port,2@host:port` -> {1: "host:port", 2: ...}; ValueError when malformed."""
+    members: dict[int, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node_id, at, address = item.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not at or not colon or not host or not node_id.isdigit() or not port.isdigit():
+            raise ValueError(f"{item!r} is not id@host:port")
+        if not 1 <= int(node_id) <= 65535 or int(node_id) in members:
+            raise ValueError(f"{item!r}: ids must be unique, 1-65535")
+        members[int(node_id)] = address
+    return members
 
 
 def load(path: str | os.PathLike) -> Config:

@@ -12,6 +12,12 @@ wire/PROTOCOL.md section 5.3.
     objects stat KEY
     objects rm KEY [--force]
     config show                  the effective configuration
+    cluster status               this node's view of the cluster: role, leader, term, log
+    cluster members              the nodes: id, name, voter / learner, up, segments
+    cluster add ID HOST:PORT     add a node (as a learner, promoted once caught up)
+    cluster remove ID            remove a node from the cluster
+    cluster transfer-leader ID   hand leadership to another voter
+    cluster drain ID             move objects held only by the node elsewhere, then remove it
 
 `--address` accepts `unix:PATH`, `/PATH` or `HOST:PORT` (default: $MOONCAKED_ADDRESS, else
 `unix:/run/mooncaked/mooncaked.sock`). `--namespace` is the namespace the connection is bound
@@ -30,7 +36,11 @@ units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema i
   created_ms_ago}`, sorted by (namespace, key);
 - `objects stat`: one object map;
 - `objects rm`: `{"namespace": ..., "key": ..., "removed": true}`;
-- `config show`: the configuration as a map of sections.
+- `config show`: the configuration as a map of sections;
+- `cluster status`: the node's `cluster` map (PROTOCOL.md 5.4); `cluster members`: a list of
+  `{node_id, name, role, up, client_address, peer_address, segments}`; `cluster add`, `remove`,
+  `transfer-leader`: `{"node_id": ID, "done": true}`; `cluster drain`: `{"node_id": ID,
+  "moved": N, "dropped": N}`.
 
 Sizes are integers (bytes) in JSON.
 
@@ -286,6 +296,95 @@ def config_show(settings: Settings) -> None:
     rows = [[section, name, _field_value(name, value)]
             for section, values in data.items() for name, value in values.items()]
     emit(settings, data, format_table(["SECTION", "KEY", "VALUE"], rows))
+
+
+@cli.group()
+def cluster() -> None:
+    """Cluster membership and leadership (a node with [cluster] enabled)."""
+
+
+def _cluster_status(client: BlockingClient) -> dict:
+    data = client.call("cluster_status")
+    if data is None:
+        raise CtlError("this daemon is not a cluster member ([cluster] enabled = false)")
+    return data
+
+
+@cluster.command("status")
+@click.pass_obj
+def cluster_status(settings: Settings) -> None:
+    """This node's view: role, leader, term, commit and applied index, voters, learners."""
+    with connected(settings) as client:
+        data = _cluster_status(client)
+    shown = {k: v for k, v in data.items() if k not in ("nodes", "raft")}
+    emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(shown)))
+
+
+@cluster.command("members")
+@click.pass_obj
+def cluster_members(settings: Settings) -> None:
+    """Every node the cluster knows: id, name, role, up, addresses, segments."""
+    with connected(settings) as client:
+        data = _cluster_status(client)
+    voters, learners = set(data["voters"]), set(data["learners"])
+    members = []
+    known = {n["node_id"]: n for n in data["nodes"]}
+    for node_id in sorted(voters | learners | set(known)):
+        node = known.get(node_id, {})
+        role = "voter" if node_id in voters else "learner" if node_id in learners else "none"
+        if node_id == data["leader"]:
+            role = "leader"
+        members.append({"node_id": node_id, "name": node.get("name", ""), "role": role,
+                        "up": node.get("up", False),
+                        "client_address": node.get("client_address", ""),
+                        "peer_address": node.get("peer_address", ""),
+                        "segments": node.get("segments", 0)})
+    rows = [[m["node_id"], m["name"], m["role"], "yes" if m["up"] else "no",
+             m["client_address"], m["peer_address"], m["segments"]] for m in members]
+    emit(settings, members, format_table(
+        ["ID", "NAME", "ROLE", "UP", "CLIENT_ADDRESS", "PEER_ADDRESS", "SEGMENTS"], rows))
+
+
+def _node_command(settings: Settings, method: str, params: list, node_id: int) -> None:
+    with connected(settings) as client:
+        result = client.call(method, *params)
+    data = {"node_id": node_id, "done": True}
+    if isinstance(result, dict):
+        data.update(result)
+    emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(data)))
+
+
+@cluster.command("add")
+@click.argument("node_id", type=click.IntRange(1, 65535))
+@click.argument("peer_address")
+@click.pass_obj
+def cluster_add(settings: Settings, node_id: int, peer_address: str) -> None:
+    """Add node NODE_ID, whose peer listener is PEER_ADDRESS (host:port), as a learner."""
+    _node_command(settings, "cluster_add", [node_id, peer_address], node_id)
+
+
+@cluster.command("remove")
+@click.argument("node_id", type=click.IntRange(1, 65535))
+@click.pass_obj
+def cluster_remove(settings: Settings, node_id: int) -> None:
+    """Remove node NODE_ID: it leaves the Raft group and its replicas are dropped."""
+    _node_command(settings, "cluster_remove", [node_id], node_id)
+
+
+@cluster.command("transfer-leader")
+@click.argument("node_id", type=click.IntRange(1, 65535))
+@click.pass_obj
+def cluster_transfer_leader(settings: Settings, node_id: int) -> None:
+    """Hand leadership to voter NODE_ID."""
+    _node_command(settings, "cluster_transfer_leader", [node_id], node_id)
+
+
+@cluster.command("drain")
+@click.argument("node_id", type=click.IntRange(1, 65535))
+@click.pass_obj
+def cluster_drain(settings: Settings, node_id: int) -> None:
+    """Copy objects held only by NODE_ID to other nodes, then remove it."""
+    _node_command(settings, "cluster_drain", [node_id], node_id)
 
 
 def main(argv: list[str] | None = None) -> None:

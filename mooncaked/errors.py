@@ -41,6 +41,11 @@ class ErrorCode(enum.IntEnum):
     HANDSHAKE_REQUIRED = -3004
     BUSY = -3005  # a configured bound (connections, in-flight requests, objects) is reached
     SHUTTING_DOWN = -3006
+    # Cluster: no leader is reachable now; the request was not applied. Retry after a moment.
+    NO_LEADER = -3007
+    # Cluster: the request reached the log but leadership changed before it was applied: it
+    # may or may not take effect. Check (exists / get) before retrying a non-idempotent call.
+    OUTCOME_UNKNOWN = -3008
 
 
 def code_name(code: int) -> str:

@@ -64,6 +64,7 @@ class DaemonProcess:
         write_config(self.config_path, sections)
         self.log_path = os.path.join(workdir, "mooncaked.log")
         self.process: subprocess.Popen | None = None
+        self.extra_args: list[str] = []  # e.g. ["--join", "127.0.0.1:PORT"]
         self.notifications: list[str] = []
         self._notify = None
 
@@ -79,12 +80,16 @@ class DaemonProcess:
         notify_path = os.path.join(self.workdir, "notify.sock")
         if os.path.exists(notify_path):
             os.unlink(notify_path)
+        if self._notify is not None:  # a restart
+            self._notify.close()
+            self._log.close()
+        self.notifications = []
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(notify_path)
         env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=REPO)
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mooncaked", "--config", self.config_path],
+            [sys.executable, "-m", "mooncaked", "--config", self.config_path, *self.extra_args],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.wait_for_notification("READY=1", timeout_s)
         return self
@@ -125,6 +130,10 @@ class DaemonProcess:
             return self.process.returncode if self.process else 0
         os.kill(self.process.pid, signal.SIGTERM)
         try:
+            os.kill(self.process.pid, signal.SIGCONT)  # in case a test left it stopped
+        except ProcessLookupError:
+            pass
+        try:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.kill(self.process.pid, signal.SIGKILL)
@@ -133,12 +142,19 @@ class DaemonProcess:
         finally:
             self.read_notifications(0)
 
+    def kill(self) -> None:
+        """SIGKILL by PID (a crash: nothing is flushed or cleaned up)."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
     def close(self) -> None:
         try:
             self.terminate()
         finally:
             if self._notify is not None:
                 self._notify.close()
+                self._notify = None
             if getattr(self, "_log", None):
                 self._log.close()
 

@@ -103,6 +103,10 @@ class BlockingClient:
     def lease_ttl_ms(self) -> int:
         return self.server.get("lease_ttl_ms", 0)
 
+    def call(self, method: str, *params):
+        """Any method of wire/PROTOCOL.md without a payload: its result (administration)."""
+        return self._run(calls.simple(method, *params))
+
     # -- the socket -------------------------------------------------------------------------
 
     def _run(self, call: Call):

@@ -8,13 +8,17 @@ buffer. Responses are written in request order.
 What a handler returns (daemon/handlers.py):
 - `Reply(result, payload)`: answer at once;
 - `Incoming(targets, complete, abort)`: the request's payload goes into `targets` in order (a
-  memoryview receives its length in bytes; an int N drops N bytes), then `complete()` gives the Reply. If the connection is lost first,
-  `abort()` undoes what the handler started.
+  memoryview receives its length in bytes; an int N drops N bytes), then `complete()` gives the
+  Reply. If the connection is lost first, `abort()` undoes what the handler started;
+- a coroutine (a cluster node's handlers, which wait for the Raft log or a peer): the
+  connection reads no further request until it finishes, which keeps responses in order.
+  `complete()` may return a coroutine too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import Any, Callable
@@ -71,6 +75,7 @@ class Connection(asyncio.BufferedProtocol):
         self._target_sizes: list[int] = []
         self._discard: memoryview | None = None
         self._closing = False
+        self._awaiting: asyncio.Task | None = None  # a coroutine handler still running
 
     # -- asyncio protocol -------------------------------------------------------------------
 
@@ -125,7 +130,7 @@ class Connection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         daemon = self.daemon
         prefix = framing.PREFIX
-        while not self._closing:
+        while not self._closing and self._awaiting is None:
             available = self._end - self._start
             if self._incoming is not None:
                 if available == 0:
@@ -174,6 +179,13 @@ class Connection(asyncio.BufferedProtocol):
         if type(outcome) is Incoming:
             self._begin_payload(msgid, method, outcome, payload_length, started_ns)
             return
+        if inspect.iscoroutine(outcome):
+            if payload_length:
+                outcome.close()
+                outcome = MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
+            else:
+                self._await(msgid, method, outcome, started_ns)
+                return
         if payload_length and not isinstance(outcome, MooncakedError):
             outcome = MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
         if payload_length:  # drop the payload the request carried, then answer
@@ -230,8 +242,41 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as exc:
             log.exception("completing %s failed", self._incoming_method)
             outcome = MooncakedError(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        if inspect.iscoroutine(outcome):
+            self._await(self._incoming_msgid, self._incoming_method, outcome,
+                        self._incoming_started_ns)
+            return
         self._respond(self._incoming_msgid, self._incoming_method, outcome,
                       self._incoming_started_ns)
+
+    def _await(self, msgid: int, method: str, coroutine, started_ns: int) -> None:
+        """Run a coroutine handler; requests behind it wait in the buffer (order, bounds)."""
+        self.transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._awaiting = task
+
+        def done(task: asyncio.Task) -> None:
+            self._awaiting = None
+            if task.cancelled():
+                outcome = MooncakedError(ErrorCode.SHUTTING_DOWN, "the request was cancelled")
+            else:
+                outcome = task.exception()
+                if outcome is None:
+                    outcome = task.result()
+                elif not isinstance(outcome, MooncakedError):
+                    log.error("handler %s failed", method, exc_info=outcome)
+                    outcome = MooncakedError(ErrorCode.INTERNAL_ERROR,
+                                             f"{type(outcome).__name__}: {outcome}")
+            if self.transport is None or self.transport.is_closing():
+                return
+            self._respond(msgid, method, outcome, started_ns)
+            if not self._closing:
+                self.transport.resume_reading()
+                try:
+                    self._process()
+                except MooncakedError as exc:
+                    self._protocol_error(exc.code, exc.message)
+        task.add_done_callback(done)
 
     # -- responses --------------------------------------------------------------------------
 
@@ -274,7 +319,7 @@ class Connection(asyncio.BufferedProtocol):
     def idle(self) -> bool:
         """Between requests, with no unfinished shared-memory put."""
         return (self._incoming is None and self._start == self._end
-                and not self.puts_in_progress)
+                and not self.puts_in_progress and self._awaiting is None)
 
     def close_if_idle(self) -> None:
         if self.idle():

@@ -488,6 +488,11 @@ def handle_object_stat(conn, params: list, payload_length: int) -> Reply:
     return Reply(conn.daemon.describe_object(key, entry))
 
 
+def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
+    return Reply(None)  # not a cluster member; cluster nodes answer (daemon/cluster_handlers.py)
+
+
 def handle_config_show(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 0, 0, "[]")
     return Reply(conn.daemon.config.as_dict())

@@ -81,6 +81,8 @@ class Daemon:
         self._sweep: asyncio.TimerHandle | None = None
         self._last_status = ""
         self.loop_reason = ""  # why this event loop was chosen (status, log)
+        self.join_address = ""  # --join: a cluster member to join through
+        self.cluster = None  # the ClusterService when [cluster] enabled
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -89,11 +91,17 @@ class Daemon:
         removed = remove_stale_files(segments.shm_dir)
         if removed:
             log.info("removed %d segment files left by stopped daemons", removed)
-        for segment_id in range(segments.count):
+        clustered = self.config.cluster.enabled
+        for index in range(segments.count):
+            # Keyed by the segment's index on this node; in a cluster the log mounts it under
+            # a cluster-wide id once the node has registered (cluster/service.py).
+            segment_id = index
             memory = SegmentMemory(segment_id, segments.shm_dir, segments.size_bytes,
                                    segments.shm_mode, segments.numa_node,
                                    segments.huge_pages, segments.prefault)
             self.memory[segment_id] = memory
+            if clustered:
+                continue
             self.master.propose(commands.MountSegment(
                 segment_id, f"{self.node_name}/{segment_id}", self.node_name,
                 segments.size_bytes, segments.alignment_bytes, segments.max_allocations))
@@ -112,6 +120,12 @@ class Daemon:
         self._servers.append(tcp)
         if server.unix_socket:
             self._servers.append(await self._listen_unix(loop, server.unix_socket))
+        if self.config.cluster.enabled:
+            from mooncaked.cluster.service import ClusterService
+            from mooncaked.daemon import cluster_handlers
+            self.handlers = cluster_handlers.HANDLERS
+            self.cluster = ClusterService(self, self.join_address)
+            await self.cluster.start()
         metrics = self.config.metrics
         if metrics.enabled:
             self._metrics = MetricsServer(make_registry(self))
@@ -157,7 +171,8 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
-            self.master.tick(self.now_ms())
+            if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
+                self.master.tick(self.now_ms())
         except Exception:
             log.exception("sweep failed")
         if self._notifier.enabled:
@@ -201,6 +216,14 @@ class Daemon:
     def replica_view(self, replica: Replica, size_bytes: int) -> memoryview:
         return self.memory[replica.segment_id].slice(replica.offset, size_bytes)
 
+    def own_memory(self, segment_id: int) -> SegmentMemory | None:
+        """This node's memory behind a mounted segment id; None for another node's segment."""
+        if self.cluster is None:
+            return self.memory.get(segment_id)
+        if commands.node_of_segment(segment_id) != self.config.cluster.node_id:
+            return None
+        return self.memory.get(commands.slot_of_segment(segment_id))
+
     def copy_to_other_replicas(self, replicas: list[Replica], size_bytes: int) -> None:
         if len(replicas) > 1:
             source = self.replica_view(replicas[0], size_bytes)
@@ -214,6 +237,8 @@ class Daemon:
 
     def segment_descriptions(self) -> list[dict]:
         prefaulted = self.config.segments.prefault
+        if self.cluster is not None:
+            return []  # values move through the socket: replicas may be on other nodes
         return [{"id": s.segment_id, "name": s.name, "size_bytes": s.size_bytes,
                  "shm_path": self.memory[s.segment_id].path, "prefaulted": prefaulted}
                 for s in self.master.state.segment_list]
@@ -221,13 +246,16 @@ class Daemon:
     def segment_report(self) -> list[dict]:
         report = []
         for s in self.master.state.segment_list:
+            memory = self.own_memory(s.segment_id)
+            if memory is None:
+                continue  # another node's segment
             allocator = s.allocator
             report.append({
                 "id": s.segment_id, "name": s.name, "size_bytes": s.size_bytes,
                 "used_bytes": allocator.used_bytes, "free_bytes": allocator.free_bytes,
                 "allocations": allocator.allocation_count,
                 "largest_free_bytes": allocator.largest_free_bytes(),
-                "shm_path": self.memory[s.segment_id].path})
+                "shm_path": memory.path})
         return report
 
     def describe_object(self, key, entry) -> dict:
@@ -256,6 +284,7 @@ class Daemon:
             "puts_in_progress": self.puts_in_progress(), "tcp_port": self.tcp_port,
             "unix_socket": self.config.server.unix_socket, "metrics_port": self.metrics_port,
             "draining": self.draining,
+            "cluster": self.cluster.status() if self.cluster is not None else None,
             "evictions": {"runs": self.master.evictions.runs,
                           "objects": self.master.evictions.objects,
                           "bytes": self.master.evictions.bytes}}
@@ -285,6 +314,8 @@ class Daemon:
         """Undo a start-up that failed part way: listeners closed, segment files removed."""
         for server in self._servers:
             server.close()
+        if self.cluster is not None:
+            self.cluster.close()
         if self._metrics is not None:
             self._metrics.close()
         for memory in self.memory.values():
@@ -292,6 +323,8 @@ class Daemon:
         self._notifier.close()
 
     async def stop(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.leave()
         grace_s = self.config.server.shutdown_grace_ms / 1000
         try:
             await asyncio.wait_for(self._drained.wait(), grace_s)
@@ -303,6 +336,8 @@ class Daemon:
             await asyncio.sleep(0)
         if self._sweep is not None:
             self._sweep.cancel()
+        if self.cluster is not None:
+            self.cluster.close()
         if self._metrics is not None:
             self._metrics.close()
         if self.config.server.unix_socket:
@@ -316,9 +351,11 @@ class Daemon:
         log.info("stopped")
 
 
-async def serve(config: config_module.Config, loop_reason: str = "") -> None:
+async def serve(config: config_module.Config, loop_reason: str = "",
+                join_address: str = "") -> None:
     daemon = Daemon(config)
     daemon.loop_reason = loop_reason
+    daemon.join_address = join_address
     try:
         await daemon.start()
     except BaseException:
@@ -335,6 +372,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "$MOONCAKED_CONFIG; without one, the built-in defaults)")
     parser.add_argument("--check-config", action="store_true",
                         help="load and check the configuration, print it, and exit")
+    parser.add_argument("--join", metavar="HOST:PORT", default="",
+                        help="join the cluster of the member whose peer listener is HOST:PORT "
+                        "(needs [cluster] enabled; overrides [cluster] join)")
     parser.add_argument("--version", action="version", version=f"mooncaked {__version__}")
     return parser.parse_args(argv)
 
@@ -351,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.log.level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.join and not config.cluster.enabled:
+        print("mooncaked: --join needs [cluster] enabled = true", file=sys.stderr)
+        return 2
     if args.check_config:
         import json
         print(json.dumps(config.as_dict(), indent=2))
@@ -366,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("event loop: %s", loop_reason)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config, loop_reason))
+            runner.run(serve(config, loop_reason, args.join))
     except (OSError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -101,6 +101,44 @@ class StatsCollector:
                                   "accepted since start", value=stats.connections_total)
         yield CounterMetricFamily("mooncaked_protocol_errors", "Connections closed for "
                                   "malformed input", value=stats.protocol_errors)
+        if daemon.cluster is not None and daemon.cluster.raft is not None:
+            yield from self._cluster(daemon.cluster)
+
+    @staticmethod
+    def _cluster(cluster):
+        raft = cluster.raft
+        core = raft.core
+        yield GaugeMetricFamily("mooncaked_raft_term", "Current Raft term", value=core.term)
+        yield GaugeMetricFamily("mooncaked_raft_is_leader", "1 on the leader, else 0",
+                                value=int(raft.role.name == "LEADER"))
+        yield GaugeMetricFamily("mooncaked_raft_commit_index", "Highest committed log index",
+                                value=core.commit_index)
+        yield GaugeMetricFamily("mooncaked_raft_applied_index", "Highest applied log index",
+                                value=raft.applied_index)
+        yield GaugeMetricFamily("mooncaked_raft_voters", "Voting members",
+                                value=len(core.conf_state.voters))
+        counters = [
+            ("mooncaked_raft_proposals", "Log entries proposed on this node",
+             raft.stats["proposals"]),
+            ("mooncaked_raft_leader_changes", "Leaders this node has seen elected",
+             raft.stats["elections_seen"]),
+            ("mooncaked_raft_snapshots", "State machine snapshots taken",
+             raft.stats["snapshots"]),
+            ("mooncaked_raft_messages_dropped", "Raft messages not sent (peer unreachable)",
+             raft.stats["messages_dropped"]),
+            ("mooncaked_cluster_forwarded", "Metadata requests forwarded to the leader",
+             cluster.stats["forwarded"]),
+            ("mooncaked_cluster_replica_bytes_sent", "Value bytes written to other nodes",
+             cluster.stats["replica_bytes_sent"]),
+            ("mooncaked_cluster_replica_bytes_received", "Value bytes other nodes wrote here",
+             cluster.stats["replica_bytes_received"]),
+            ("mooncaked_cluster_replica_read_failovers", "Reads that moved to another replica",
+             cluster.stats["replica_read_failovers"]),
+            ("mooncaked_cluster_nodes_declared_down", "Nodes this leader declared down",
+             cluster.stats["nodes_declared_down"]),
+        ]
+        for name, help_text, value in counters:
+            yield CounterMetricFamily(name, help_text, value=value)
 
 
 def make_registry(daemon) -> CollectorRegistry:

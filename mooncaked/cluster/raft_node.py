@@ -1,0 +1,371 @@
+"""The Raft driver: runs the pure core (raft/core.py) against the log on disk, the peers and the
+state machine.
+
+One pass of `_process` takes the core's Ready and does what its contract says, in order:
+persist the hard state, snapshot and entries (one write and one fdatasync for the whole batch:
+group commit), send the messages, apply the committed entries to the state machine, answer the
+reads whose index is applied, and advance the core. Proposals made while a pass runs wait for
+the next one, so under load every pass carries many.
+
+A proposal resolves when its entry is applied here, with the state machine's result. If the
+entry at its index turns out to be another one (a new leader overwrote it), it was never
+applied: NO_LEADER. If it is neither applied nor overwritten within the RPC timeout (a leader
+that lost its quorum), the outcome is unknown: OUTCOME_UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Callable
+
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import codec as command_codec
+from mooncaked.raft import codec
+from mooncaked.raft.core import RaftConfig, RaftCore
+from mooncaked.raft.log_store import LogStore
+from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, NotLeader, ProposalDropped,
+                                  Role, Snapshot, SnapshotMeta)
+
+log = logging.getLogger(__name__)
+
+
+class RaftNode:
+    def __init__(self, node_id: int, state, store: LogStore, *, election_ticks: int,
+                 heartbeat_ticks: int, tick_ms: int, read_mode: str, snapshot_entries: int,
+                 max_pending_proposals: int, proposal_timeout_ms: int,
+                 initial_voters: tuple[int, ...] | None,
+                 send: Callable[[int, bytes], bool]) -> None:
+        self.node_id = node_id
+        self.state = state  # the metadata StateMachine
+        self.store = store
+        self.tick_ms = tick_ms
+        self._max_catch_up_ticks = 4 * election_ticks  # enough to lapse any timeout
+        self._last_tick_ns = 0
+        self.snapshot_entries = snapshot_entries
+        self.max_pending_proposals = max_pending_proposals
+        self.proposal_timeout_ms = proposal_timeout_ms
+        self._send = send
+        recovered = store.open()
+        if recovered.truncated_bytes:
+            log.warning("cut a torn tail of %d bytes off the Raft log",
+                        recovered.truncated_bytes)
+        if recovered.snapshot is not None:
+            state.restore(recovered.snapshot.data)
+        fresh = (recovered.snapshot is None and not recovered.entries
+                 and recovered.hard_state.term == 0)
+        self.core = RaftCore(
+            RaftConfig(node_id, election_ticks=election_ticks, heartbeat_ticks=heartbeat_ticks,
+                       read_only=read_mode, max_uncommitted_entries=max_pending_proposals),
+            random.Random(node_id * 7919 + time.monotonic_ns()),
+            hard_state=recovered.hard_state, snapshot=recovered.snapshot,
+            entries=recovered.entries,
+            conf_state=ConfState(initial_voters) if fresh and initial_voters else None)
+        self.snapshot_index = recovered.snapshot.meta.index if recovered.snapshot else 0
+        self.applied_index = self.snapshot_index
+        self.applied_term = recovered.snapshot.meta.term if recovered.snapshot else 0
+        # index -> (term, future) of proposals made here and not yet applied or dropped.
+        self._proposals: dict[int, tuple[int, asyncio.Future]] = {}
+        self._reads_unsent: list[asyncio.Future] = []
+        self._reads_sent: dict[bytes, list[asyncio.Future]] = {}
+        self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
+        self._read_seq = 0
+        self._scheduled = False
+        self._ticker: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.leader_id = 0
+        self.role = Role.FOLLOWER
+        self.last_contact: dict[int, float] = {}  # peer -> monotonic s of its last message
+        # Hooks the cluster service sets.
+        self.on_applied: Callable[[int, object, object], None] = lambda i, c, r: None
+        self.on_conf_change: Callable[[ConfChange, ConfState], None] = lambda cc, cs: None
+        self.on_role_change: Callable[[Role, int, int], None] = lambda r, l, t: None
+        self.on_snapshot_restored: Callable[[], None] = lambda: None
+        self.stats = {"proposals": 0, "passes": 0, "entries_applied": 0, "snapshots": 0,
+                      "messages_sent": 0, "messages_dropped": 0, "elections_seen": 0}
+
+    # -- running ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._last_tick_ns = time.monotonic_ns()
+        self._ticker = self._loop.call_later(self.tick_ms / 1000, self._tick)
+        self._schedule()
+
+    def _catch_up_ticks(self) -> None:
+        """Tick the core once per tick period elapsed since the last tick.
+
+        Timers run late when the process is paused (SIGSTOP, a stall, an overloaded CPU).
+        Counting elapsed time rather than timer callbacks makes a leader that was paused past
+        its election timeout see that at once: its check-quorum lease has lapsed, so it serves
+        no read on the strength of acknowledgements older than the timeout.
+        """
+        now_ns = time.monotonic_ns()
+        period_ns = self.tick_ms * 1_000_000
+        due = (now_ns - self._last_tick_ns) // period_ns
+        if due <= 0:
+            return
+        self._last_tick_ns += due * period_ns
+        for _ in range(min(due, self._max_catch_up_ticks)):
+            self.core.tick()
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        error = MooncakedError(ErrorCode.SHUTTING_DOWN, "the node is stopping")
+        self._fail_all(error)
+        self.store.close()
+
+    def _tick(self) -> None:
+        self._catch_up_ticks()
+        self._expire_proposals()
+        self._schedule()
+        self._ticker = self._loop.call_later(self.tick_ms / 1000, self._tick)
+
+    def step(self, data: bytes) -> None:
+        try:
+            message = codec.decode_message(data)
+        except ValueError as exc:
+            log.warning("dropped a malformed Raft message: %s", exc)
+            return
+        if message.to != self.node_id:
+            return
+        self.last_contact[message.from_] = time.monotonic()
+        self.core.step(message)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._process)
+
+    def _process(self) -> None:
+        self._scheduled = False
+        if self._reads_unsent:
+            self._catch_up_ticks()
+            self._submit_reads()
+        core = self.core
+        while core.has_ready():
+            ready = core.ready()
+            self.stats["passes"] += 1
+            if ready.soft_state is not None:
+                self._soft_state(ready.soft_state.leader, ready.soft_state.role)
+            # A leader sends before its own fdatasync, so its disk and its followers' work at
+            # the same time: its own entries count toward the quorum only at advance(), after
+            # they are durable, and its term and vote were made durable when it campaigned.
+            # Everyone else persists first (votes and acknowledgements promise durable state).
+            leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
+            if leader_sends_first:
+                self._send_all(ready.messages)
+            if ready.snapshot is not None:
+                self.store.save_snapshot(ready.snapshot)
+            if ready.entries or ready.hard_state is not None:
+                self.store.append(ready.entries, ready.hard_state)
+            self.store.sync()
+            if not leader_sends_first:
+                self._send_all(ready.messages)
+            if ready.snapshot is not None:
+                self._restore(ready.snapshot)
+            for entry in ready.committed_entries:
+                self._apply(entry)
+            for read in ready.read_states:
+                waiters = self._reads_sent.pop(read.context, [])
+                for waiter in waiters:
+                    self._reads_waiting_apply.append((read.index, waiter))
+            core.advance(ready)
+        if self._reads_waiting_apply:
+            self._release_reads()
+        if self.applied_index - self.snapshot_index >= self.snapshot_entries:
+            self._take_snapshot()
+
+    def _send_all(self, messages) -> None:
+        core = self.core
+        for message in messages:
+            if self._send(message.to, codec.encode_message(message)):
+                self.stats["messages_sent"] += 1
+            else:
+                self.stats["messages_dropped"] += 1
+                core.report_unreachable(message.to)
+            if message.snapshot is not None:
+                core.report_snapshot(message.to, True)
+
+    def _soft_state(self, leader: int, role: Role) -> None:
+        changed = leader != self.leader_id or role != self.role
+        was_leader = self.role == Role.LEADER
+        self.leader_id, self.role = leader, role
+        if changed:
+            self.stats["elections_seen"] += leader != 0
+            log.info("node %d: %s, leader %s, term %d", self.node_id, role.name.lower(),
+                     leader or "unknown", self.core.term)
+            if was_leader and role != Role.LEADER:
+                error = MooncakedError(ErrorCode.NO_LEADER, "this node stopped being the leader")
+                self._fail_reads(error)
+            self.on_role_change(role, leader, self.core.term)
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def _apply(self, entry) -> None:
+        waiter = None
+        proposed = self._proposals.pop(entry.index, None)
+        if proposed is not None:
+            term, waiter = proposed
+            if term != entry.term:  # another leader's entry took this index: ours is gone
+                if not waiter.done():
+                    waiter.set_exception(MooncakedError(
+                        ErrorCode.NO_LEADER, "leadership changed before the request was "
+                        "committed; it was not applied"))
+                waiter = None
+        self.applied_index = entry.index
+        self.applied_term = entry.term
+        self.stats["entries_applied"] += 1
+        if entry.kind == EntryKind.CONF_CHANGE:
+            change = codec.decode_conf_change(entry.data)
+            conf_state = self.core.apply_conf_change(change)
+            self.on_conf_change(change, conf_state)
+            result = conf_state
+            command = change
+        elif entry.data:
+            command = command_codec.decode(entry.data)
+            try:
+                result = self.state.apply(command)
+            except MooncakedError as exc:
+                result = exc
+        else:
+            command = result = None  # a new leader's no-op
+        if waiter is not None and not waiter.done():
+            if isinstance(result, MooncakedError):
+                waiter.set_exception(result)
+            else:
+                waiter.set_result(result)
+        if command is not None:
+            self.on_applied(entry.index, command, result)
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        self.state.restore(snapshot.data)
+        self.snapshot_index = self.applied_index = snapshot.meta.index
+        self.applied_term = snapshot.meta.term
+        for index in [i for i in self._proposals if i <= snapshot.meta.index]:
+            _, waiter = self._proposals.pop(index)
+            if not waiter.done():
+                waiter.set_exception(MooncakedError(
+                    ErrorCode.OUTCOME_UNKNOWN, "replaced by a snapshot before it was applied"))
+        log.info("node %d: installed a snapshot at index %d", self.node_id, snapshot.meta.index)
+        self.on_snapshot_restored()
+
+    def _take_snapshot(self) -> None:
+        snapshot = Snapshot(SnapshotMeta(self.applied_index, self.applied_term,
+                                         self.core.conf_state), self.state.snapshot())
+        self.store.save_snapshot(snapshot)
+        self.core.compact(snapshot)
+        self.snapshot_index = self.applied_index
+        self.stats["snapshots"] += 1
+
+    # -- proposals --------------------------------------------------------------------------
+
+    def propose(self, command) -> asyncio.Future:
+        """Append a command to the log; the future gives the state machine's result."""
+        return self._propose(lambda: self.core.propose(command_codec.encode(command)))
+
+    def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
+        return self._propose(lambda: self.core.propose_conf_change(change))
+
+    def _propose(self, append: Callable[[], int]) -> asyncio.Future:
+        waiter = self._loop.create_future()
+        if len(self._proposals) >= self.max_pending_proposals:
+            waiter.set_exception(MooncakedError(ErrorCode.BUSY, "too many proposals pending"))
+            return waiter
+        try:
+            index = append()
+        except NotLeader as exc:
+            waiter.set_exception(MooncakedError(
+                ErrorCode.NO_LEADER, f"this node is not the leader (leader: "
+                f"{exc.leader or 'unknown'})"))
+            return waiter
+        except ProposalDropped as exc:
+            waiter.set_exception(MooncakedError(ErrorCode.NO_LEADER, f"not accepted: {exc}"))
+            return waiter
+        self.stats["proposals"] += 1
+        self._proposals[index] = (self.core.term, waiter)
+        waiter.proposed_at = time.monotonic()
+        self._schedule()
+        return waiter
+
+    def _expire_proposals(self) -> None:
+        if not self._proposals or self.role == Role.LEADER:
+            return
+        deadline = time.monotonic() - self.proposal_timeout_ms / 1000
+        for index, (_, waiter) in list(self._proposals.items()):
+            if waiter.proposed_at < deadline:
+                del self._proposals[index]
+                if not waiter.done():
+                    waiter.set_exception(MooncakedError(
+                        ErrorCode.OUTCOME_UNKNOWN, "leadership changed while the request was "
+                        "in the log; it may or may not take effect"))
+
+    def _fail_all(self, error: MooncakedError) -> None:
+        proposals, self._proposals = self._proposals, {}
+        for _, waiter in proposals.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._fail_reads(error)
+
+    # -- linearizable reads -----------------------------------------------------------------
+
+    def read_barrier(self) -> asyncio.Future:
+        """Resolves once this leader may answer a read linearizably (read index or lease)."""
+        waiter = self._loop.create_future()
+        self._reads_unsent.append(waiter)
+        self._schedule()
+        return waiter
+
+    def _submit_reads(self) -> None:
+        # Only reads that arrived before this call share its index: a read that arrives later
+        # may follow a write acknowledged after the index was taken.
+        waiters, self._reads_unsent = self._reads_unsent, []
+        self._read_seq += 1
+        context = self._read_seq.to_bytes(8, "little")
+        try:
+            self.core.read_index(context)
+        except NotLeader as exc:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(MooncakedError(
+                        ErrorCode.NO_LEADER, f"not the leader (leader: {exc.leader or '?'})"))
+            return
+        self._reads_sent[context] = waiters
+
+    def _release_reads(self) -> None:
+        still = []
+        for index, waiter in self._reads_waiting_apply:
+            if index <= self.applied_index:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                still.append((index, waiter))
+        self._reads_waiting_apply = still
+
+    def _fail_reads(self, error: MooncakedError) -> None:
+        waiters = self._reads_unsent + [w for ws in self._reads_sent.values() for w in ws] \
+            + [w for _, w in self._reads_waiting_apply]
+        self._reads_unsent, self._reads_sent, self._reads_waiting_apply = [], {}, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    # -- administration ---------------------------------------------------------------------
+
+    def transfer_leader(self, target: int) -> None:
+        try:
+            self.core.transfer_leader(target)
+        except NotLeader as exc:
+            raise MooncakedError(ErrorCode.NO_LEADER,
+                                 f"not the leader (leader: {exc.leader or '?'})") from None
+        self._schedule()
+
+    def status(self) -> dict:
+        status = dict(self.core.status())
+        status.update(applied=self.applied_index, snapshot_index=self.snapshot_index,
+                      pending_proposals=len(self._proposals), **self.stats)
+        return status

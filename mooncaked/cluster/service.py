@@ -1,0 +1,614 @@
+"""A daemon's part in a cluster: membership, the leader's duties, forwarding, replica bytes.
+
+- The Raft node (cluster/raft_node.py) replicates the metadata log; the leader's master
+  (cluster/master.py) turns client operations into log commands.
+- A follower forwards a client's metadata operation to the leader (`meta` peer request) and
+  returns its answer; the client never needs to know who leads.
+- Replica bytes move daemon to daemon (`write_replica`, `read_replica` peer requests over the
+  data links), never through the leader. Values above `stripe_bytes` are split over the
+  `data_connections` links and sent in parallel.
+- The leader declares a node down when it has heard nothing from it for `node_ttl_ms`
+  (NodeDown: its segments and their replicas are dropped), promotes learners once they have
+  caught up, and runs the expiry and eviction sweep.
+- Each node registers itself (NodeUp, then MountSegment for each of its segments) once a
+  leader is known, and again whenever the log says it was declared down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from typing import Any
+
+from mooncaked.cluster.master import ReplicatedMaster
+from mooncaked.cluster.peer_transport import PeerLink, PeerServer
+from mooncaked.cluster.raft_node import RaftNode
+from mooncaked.config import parse_members
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import commands as c
+from mooncaked.meta.master import ReplicateConfig
+from mooncaked.meta.state_machine import Replica, Version
+from mooncaked.raft import codec
+from mooncaked.raft.log_store import LogStore
+from mooncaked.raft.types import ConfChange, ConfChangeKind, Role
+
+log = logging.getLogger(__name__)
+
+
+def version_to_wire(version: Version | None):
+    if version is None:
+        return None
+    return [version.size_bytes, [[r.segment_id, r.offset] for r in version.replicas]]
+
+
+def replicas_to_wire(replicas: list[Replica]) -> list:
+    return [[r.segment_id, r.offset, r.handle] for r in replicas]
+
+
+def replicas_from_wire(value) -> list[Replica]:
+    return [Replica(segment_id, offset, handle) for segment_id, offset, handle in value]
+
+
+def config_to_wire(config: ReplicateConfig) -> list:
+    return [config.replica_num, list(config.preferred_segments), config.soft_pin_ttl_ms,
+            config.hard_pin]
+
+
+def config_from_wire(value) -> ReplicateConfig:
+    replica_num, preferred, soft_pin_ttl_ms, hard_pin = value
+    return ReplicateConfig(replica_num, tuple(preferred), soft_pin_ttl_ms, hard_pin)
+
+
+class ClusterService:
+    def __init__(self, daemon, join_address: str = "") -> None:
+        self.daemon = daemon
+        config = daemon.config
+        self.cluster_config = cc = config.cluster
+        self.node_id = cc.node_id
+        self.join_address = join_address or cc.join
+        self.members_config = parse_members(cc.initial_members)
+        self.addresses: dict[int, str] = dict(self.members_config)  # node id -> peer host:port
+        self.rpc_timeout_s = cc.rpc_timeout_ms / 1000
+        self.peer_server = PeerServer(self._on_hello, self._on_raft, self._on_request,
+                                      config.server.max_payload_bytes)
+        self._control: dict[int, PeerLink] = {}
+        self._data: dict[int, list[PeerLink]] = {}
+        self._data_turn = 0
+        self.peer_address = ""
+        self.raft: RaftNode | None = None
+        self.master: ReplicatedMaster | None = None
+        self.registered_term = -1  # the term in which this node last registered itself
+        # Each registration mounts the segments under a new generation (meta/commands.py);
+        # a random start keeps a restarted node's ids apart from its previous life's.
+        self.mount_generation = int.from_bytes(os.urandom(1), "little")
+        self._registering: asyncio.Task | None = None
+        self._duties: asyncio.TimerHandle | None = None
+        self._sweeping = False
+        self.leaving = False  # a clean stop announced: do not register again
+        self._leader_since = 0.0
+        self._tasks: set[asyncio.Task] = set()
+        self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
+                      "replica_read_failovers": 0, "nodes_declared_down": 0}
+
+    # -- start and stop -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cc = self.cluster_config
+        port = await self.peer_server.start(cc.peer_host, cc.peer_port)
+        host = cc.advertise_host or cc.peer_host
+        self.peer_address = f"{host}:{port}"
+        self.addresses[self.node_id] = self.peer_address
+        store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync)
+        if self.members_config:
+            voters = tuple(sorted(self.members_config))
+        elif self.join_address:
+            voters = None  # learns the membership from the cluster it joins
+        else:
+            voters = (self.node_id,)  # a new cluster of one, which others may join
+        daemon = self.daemon
+        self.raft = RaftNode(
+            self.node_id, daemon.master.state, store, election_ticks=cc.election_ticks,
+            heartbeat_ticks=cc.heartbeat_ticks, tick_ms=cc.tick_ms, read_mode=cc.read_mode,
+            snapshot_entries=cc.snapshot_entries, max_pending_proposals=cc.max_pending_proposals,
+            proposal_timeout_ms=cc.rpc_timeout_ms, initial_voters=voters, send=self._send_raft)
+        self.master = ReplicatedMaster(daemon.master.state, daemon.config.store, self.raft,
+                                       seed=int.from_bytes(os.urandom(8), "little"))
+        daemon.master = self.master
+        self.raft.on_role_change = self._role_changed
+        self.raft.on_applied = self._applied
+        self.raft.on_conf_change = self._conf_changed
+        self.raft.on_snapshot_restored = self._snapshot_restored
+        for node in daemon.master.state.nodes.values():
+            self.addresses.setdefault(node.node_id, node.peer_address)
+        self.raft.start()
+        fresh_join = voters is None and self.raft.core.last_index == 0
+        if fresh_join:
+            await self._join()
+        self._schedule_duties()
+
+    async def leave(self, timeout_s: float = 1.0) -> None:
+        """On a clean stop: have this node declared down now, so no new put is placed on it.
+
+        Its Raft membership stays (it is expected back); a node that never says so is
+        declared down by the leader after node_ttl_ms.
+        """
+        self.leaving = True
+        if self._registering is not None:
+            self._registering.cancel()
+        try:
+            await asyncio.wait_for(self.meta("leave", [self.node_id]), timeout_s)
+        except (MooncakedError, asyncio.TimeoutError) as exc:
+            log.info("could not announce leaving: %s", getattr(exc, "message", "timeout"))
+
+    def close(self) -> None:
+        if self._duties is not None:
+            self._duties.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.raft is not None:
+            self.raft.stop()
+        self.peer_server.close()
+        for link in self._control.values():
+            link.close()
+        for links in self._data.values():
+            for link in links:
+                link.close()
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- links --------------------------------------------------------------------------------
+
+    def _address_of(self, node_id: int):
+        return lambda: self.addresses.get(node_id)
+
+    def _new_link(self, node_id: int) -> PeerLink:
+        host = self.cluster_config.peer_host
+        return PeerLink(self.node_id, self.peer_address, node_id, self._address_of(node_id),
+                        self.daemon.config.server.max_payload_bytes, self.rpc_timeout_s,
+                        None if host in ("0.0.0.0", "::", "") else host)
+
+    def control(self, node_id: int) -> PeerLink:
+        link = self._control.get(node_id)
+        if link is None:
+            link = self._control[node_id] = self._new_link(node_id)
+        return link
+
+    def data_link(self, node_id: int) -> PeerLink:
+        links = self._data.get(node_id)
+        if links is None:
+            links = self._data[node_id] = [self._new_link(node_id) for _ in
+                                           range(self.cluster_config.data_connections)]
+        self._data_turn += 1
+        return links[self._data_turn % len(links)]
+
+    def _send_raft(self, to: int, data: bytes) -> bool:
+        if to == self.node_id:
+            return True
+        return self.control(to).send_raft(data)
+
+    def _on_hello(self, node_id: int, address: str) -> None:
+        if node_id and address and self.addresses.get(node_id) != address:
+            self.addresses[node_id] = address
+
+    def _on_raft(self, data: bytes) -> None:
+        self.raft.step(data)
+
+    # -- Raft hooks ---------------------------------------------------------------------------
+
+    def _role_changed(self, role: Role, leader: int, term: int) -> None:
+        if role == Role.LEADER:
+            self.master.become_leader()
+            self._leader_since = time.monotonic()
+            now = time.monotonic()
+            for node_id in self.daemon.master.state.nodes:
+                self.raft.last_contact[node_id] = now  # silence is counted from here
+        if leader and self.registered_term < 0:
+            self._register_soon()
+
+    def _applied(self, index: int, command, result) -> None:
+        if isinstance(command, c.NodeDown) and command.node_id == self.node_id:
+            log.warning("this node was declared down; registering its segments again")
+            self.registered_term = -1
+            self._register_soon()
+        elif isinstance(command, c.NodeUp):
+            self.addresses[command.node_id] = command.peer_address
+
+    def _conf_changed(self, change: ConfChange, conf_state) -> None:
+        if change.context:
+            self.addresses[change.node_id] = change.context.decode()
+        log.info("membership: %s node %d; voters %s, learners %s", change.kind.name.lower(),
+                 change.node_id, list(conf_state.voters), list(conf_state.learners))
+        if change.kind == ConfChangeKind.REMOVE and change.node_id == self.node_id:
+            log.warning("this node was removed from the cluster")
+
+    def _snapshot_restored(self) -> None:
+        state = self.daemon.master.state
+        for node in state.nodes.values():
+            self.addresses[node.node_id] = node.peer_address
+        own = [s for s in state.segments if c.node_of_segment(s) == self.node_id]
+        if self.registered_term >= 0 and not own:
+            self.registered_term = -1
+            self._register_soon()
+
+    # -- registration -------------------------------------------------------------------------
+
+    def _register_soon(self) -> None:
+        if self.leaving:
+            return
+        if self._registering is None or self._registering.done():
+            self._registering = self._spawn(self._register())
+
+    async def _register(self) -> None:
+        """NodeUp then MountSegment for each own segment, through the leader; retried."""
+        daemon = self.daemon
+        segments = daemon.config.segments
+        server = daemon.config.server
+        host = self.cluster_config.advertise_host or server.tcp_host
+        commands = [c.NodeUp(self.node_id, daemon.node_name, f"{host}:{daemon.tcp_port}",
+                             self.peer_address)]
+        self.mount_generation = (self.mount_generation + 1) & 0xFF
+        for index in range(segments.count):
+            commands.append(c.MountSegment(
+                c.segment_id_of(self.node_id, index, self.mount_generation),
+                f"{daemon.node_name}/{index}",
+                daemon.node_name, segments.size_bytes, segments.alignment_bytes,
+                segments.max_allocations))
+        while True:
+            try:
+                await self.meta("register", [[self._command_to_wire(x) for x in commands]])
+                self.registered_term = self.raft.core.term
+                log.info("registered %d segment(s) with the cluster", segments.count)
+                return
+            except MooncakedError as exc:
+                log.info("registration: %s; retrying", exc.message)
+                await asyncio.sleep(self.cluster_config.tick_ms * 2 / 1000)
+
+    @staticmethod
+    def _command_to_wire(command) -> bytes:
+        from mooncaked.meta import codec as command_codec
+        return command_codec.encode(command)
+
+    async def _join(self) -> None:
+        """Ask the cluster (through any member) to add this node as a learner."""
+        link = PeerLink(self.node_id, self.peer_address, 0, lambda: self.join_address,
+                        self.daemon.config.server.max_payload_bytes, self.rpc_timeout_s)
+        try:
+            for _ in range(60):
+                try:
+                    await link.call("meta_forward", ["join", [self.node_id, self.peer_address]],
+                                    timeout_s=self.rpc_timeout_s)
+                    log.info("joined the cluster through %s", self.join_address)
+                    return
+                except MooncakedError as exc:
+                    log.info("joining through %s: %s; retrying", self.join_address, exc.message)
+                    await asyncio.sleep(0.5)
+            raise MooncakedError(ErrorCode.RPC_FAIL,
+                                 f"could not join the cluster through {self.join_address}")
+        finally:
+            link.close()
+
+    # -- the leader's duties ------------------------------------------------------------------
+
+    def _schedule_duties(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._duties = loop.call_later(self.cluster_config.tick_ms / 1000, self._run_duties)
+
+    def _run_duties(self) -> None:
+        self._schedule_duties()
+        if self.raft.role != Role.LEADER or self._sweeping:
+            return
+        self._sweeping = True
+        task = self._spawn(self._leader_duties())
+        task.add_done_callback(lambda t: setattr(self, "_sweeping", False))
+
+    async def _leader_duties(self) -> None:
+        try:
+            await self._check_liveness()
+            await self._promote_learners()
+            await self.master.sweep()
+        except MooncakedError as exc:
+            log.debug("leader duties: %s", exc.message)
+
+    async def _check_liveness(self) -> None:
+        state = self.daemon.master.state
+        ttl_s = self.cluster_config.node_ttl_ms / 1000
+        now = time.monotonic()
+        members = set(self.raft.core.conf_state.voters) | set(self.raft.core.conf_state.learners)
+        for node in list(state.nodes.values()):
+            if not node.up or node.node_id == self.node_id:
+                continue
+            last = self.raft.last_contact.get(node.node_id, self._leader_since)
+            if now - last > ttl_s or node.node_id not in members:
+                log.warning("node %d (%s) silent for %.1f s: declaring it down", node.node_id,
+                            node.name, now - last)
+                self.stats["nodes_declared_down"] += 1
+                await self.raft.propose(c.NodeDown(node.node_id))
+
+    async def _promote_learners(self) -> None:
+        core = self.raft.core
+        learners = core.conf_state.learners
+        if not learners:
+            return
+        progress = core.status().get("progress", {})
+        for learner in learners:
+            match = progress.get(learner, {}).get("match", 0)
+            if match >= core.commit_index:
+                log.info("learner %d caught up (match %d): promoting it", learner, match)
+                await self.raft.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, learner))
+                return  # one change at a time
+
+    # -- forwarding to the leader -------------------------------------------------------------
+
+    async def leader_id(self) -> int:
+        """The current leader, waiting up to an election timeout for one to appear."""
+        deadline = time.monotonic() + 2 * self.cluster_config.election_ticks \
+            * self.cluster_config.tick_ms / 1000 + 1
+        while True:
+            leader = self.raft.leader_id
+            if leader:
+                return leader
+            if time.monotonic() > deadline:
+                raise MooncakedError(ErrorCode.NO_LEADER, "the cluster has no leader now")
+            await asyncio.sleep(self.cluster_config.tick_ms / 1000)
+
+    async def meta(self, method: str, params: list) -> Any:
+        """Run a metadata operation on the leader: here, or forwarded to it."""
+        leader = await self.leader_id()
+        if leader == self.node_id:
+            return await self._leader_meta(method, params)
+        self.stats["forwarded"] += 1
+        result, _ = await self.control(leader).call("meta", [method, params],
+                                                    timeout_s=self.rpc_timeout_s)
+        return result
+
+    async def _leader_meta(self, method: str, params: list) -> Any:
+        if self.raft.role != Role.LEADER:
+            raise MooncakedError(ErrorCode.NO_LEADER,
+                                 f"not the leader (leader: {self.raft.leader_id or '?'})")
+        master = self.master
+        if method == "put_start":
+            key, size, config, upsert, writer_id = params
+            replicas = await master.put_start_async(tuple(key), size, config_from_wire(config),
+                                                    upsert, writer_id)
+            return replicas_to_wire(replicas)
+        if method == "put_end":
+            key, writer_id = params
+            await master.put_end_async(tuple(key), writer_id)
+            return 0
+        if method == "put_revoke":
+            key, writer_id = params
+            await master.put_revoke_async(tuple(key), writer_id)
+            return 0
+        if method == "read":
+            versions = await master.read([tuple(key) for key in params[0]])
+            return [version_to_wire(v) for v in versions]
+        if method == "remove":
+            key, force = params
+            await master.remove_async(tuple(key), force)
+            return 0
+        if method == "remove_matching":
+            namespace, pattern, force = params
+            compiled = re.compile(pattern) if pattern is not None else None
+            return await master.remove_matching_async(namespace, compiled, force)
+        if method == "register":
+            from mooncaked.meta import codec as command_codec
+            for data in params[0]:
+                command = command_codec.decode(data)
+                try:
+                    await self.raft.propose(command)
+                except MooncakedError as exc:
+                    if exc.code != ErrorCode.SEGMENT_ALREADY_EXISTS:
+                        raise
+            return 0
+        if method == "join":
+            node_id, address = params
+            conf = self.raft.core.conf_state
+            if node_id in conf.voters or node_id in conf.learners:
+                self.addresses[node_id] = address
+                return 0
+            self.addresses[node_id] = address
+            await self.raft.propose_conf_change(
+                ConfChange(ConfChangeKind.ADD_LEARNER, node_id, address.encode()))
+            return 0
+        if method == "leave":
+            (node_id,) = params
+            node = self.daemon.master.state.nodes.get(node_id)
+            if node is not None and node.up:
+                await self.raft.propose(c.NodeDown(node_id))
+            return 0
+        if method == "remove_member":
+            (node_id,) = params
+            await self.raft.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, node_id))
+            if node_id in self.daemon.master.state.nodes:
+                await self.raft.propose(c.NodeDown(node_id))
+            return 0
+        if method == "transfer_leader":
+            (node_id,) = params
+            self.raft.transfer_leader(node_id)
+            return 0
+        if method == "drain":
+            (node_id,) = params
+            return await self._drain(node_id)
+        raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no meta method {method!r}")
+
+    async def _drain(self, node_id: int) -> dict:
+        """Copy objects whose only replicas are on the node elsewhere, then remove the node."""
+        state = self.daemon.master.state
+        moved = dropped = 0
+        for key, entry in list(state.objects.items()):
+            version = entry.complete
+            if version is None:
+                continue
+            if all(c.node_of_segment(r.segment_id) == node_id for r in version.replicas):
+                try:
+                    await self._move_object(key, version, node_id)
+                    moved += 1
+                except MooncakedError as exc:
+                    log.warning("drain: could not move %r: %s", key, exc.message)
+                    dropped += 1
+        await self._leader_meta("remove_member", [node_id])
+        return {"moved": moved, "dropped": dropped}
+
+    async def _move_object(self, key, version: Version, away_from: int) -> None:
+        payload = await self.read_replica_bytes(version.replicas, version.size_bytes)
+        state = self.daemon.master.state
+        others = tuple(s.name for s in state.segment_list
+                       if c.node_of_segment(s.segment_id) != away_from)
+        if not others:
+            raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE, "no other node has segments")
+        writer_id = (self.node_id << 40) | (1 << 39) | (hash(key) & 0xFFFFFFFF)
+        replicas = await self.master.put_start_async(
+            key, version.size_bytes, ReplicateConfig(1, others), True, writer_id)
+        replicas = [r for r in replicas if c.node_of_segment(r.segment_id) != away_from]
+        try:
+            await self.write_replicas(replicas, payload)
+        except MooncakedError:
+            await self.master.put_revoke_async(key, writer_id)
+            raise
+        await self.master.put_end_async(key, writer_id)
+
+    # -- peer requests ------------------------------------------------------------------------
+
+    async def _on_request(self, method: str, params: list, payload: bytes | None):
+        if method in ("meta", "meta_forward"):
+            if len(params) != 2 or type(params[0]) is not str or type(params[1]) is not list:
+                raise MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes [method, params]")
+            if method == "meta_forward":
+                # From a node that knows no leader (one joining): passed on at most once, so
+                # two nodes that disagree about the leader cannot bounce a request forever.
+                return await self.meta(params[0], params[1]), None
+            return await self._leader_meta(params[0], params[1]), None
+        if method == "write_replica":
+            segment_id, offset = params
+            self._local_view(segment_id, offset, len(payload or b""))[:] = payload
+            self.stats["replica_bytes_received"] += len(payload or b"")
+            return 0, None
+        if method == "read_replica":
+            segment_id, offset, size = params
+            return size, [self._local_view(segment_id, offset, size)]
+        if method == "status":
+            return self.status(), None
+        raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no peer method {method!r}")
+
+    def _local_view(self, segment_id: int, offset: int, size: int) -> memoryview:
+        """A range of one of this node's segments; refused unless the log says it is ours."""
+        memory = self.daemon.own_memory(segment_id)
+        # Until this run of the daemon has registered (NodeUp drops what the log says its
+        # segments held), the log may still list replicas in memory that a restart emptied.
+        if memory is None or self.registered_term < 0 \
+                or segment_id not in self.daemon.master.state.segments:
+            raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND,
+                                 f"segment {segment_id} is not mounted on node {self.node_id}")
+        if offset < 0 or size < 0 or offset + size > memory.size_bytes:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "range outside the segment")
+        return memory.slice(offset, size)
+
+    # -- replica bytes ------------------------------------------------------------------------
+
+    async def write_replicas(self, replicas: list[Replica], payload) -> None:
+        """Write a value into every replica: own segments by memcpy, others over the network."""
+        size = len(payload)
+        sends = []
+        remote = 0
+        for replica in replicas:
+            node = c.node_of_segment(replica.segment_id)
+            if node == self.node_id:
+                self._local_view(replica.segment_id, replica.offset, size)[:] = payload
+            else:
+                remote += 1
+                sends.extend(self._send_stripes(node, replica, payload))
+        if sends:
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise MooncakedError(ErrorCode.TRANSFER_FAIL,
+                                         f"writing a replica failed: {result}")
+            self.stats["replica_bytes_sent"] += size * remote
+
+    def _send_stripes(self, node: int, replica: Replica, payload) -> list:
+        stripe = self.cluster_config.stripe_bytes
+        view = memoryview(payload)
+        size = len(view)
+        if size <= stripe:
+            return [self.data_link(node).call("write_replica", [replica.segment_id,
+                                                                 replica.offset], [view],
+                                              timeout_s=self.rpc_timeout_s)]
+        count = min(self.cluster_config.data_connections, -(-size // stripe))
+        piece = -(-size // count)
+        return [self.data_link(node).call("write_replica",
+                                          [replica.segment_id, replica.offset + start],
+                                          [view[start:start + piece]],
+                                          timeout_s=self.rpc_timeout_s)
+                for start in range(0, size, piece)]
+
+    async def read_replica_bytes(self, replicas: list[Replica], size: int):
+        """The value from the nearest replica (own node first); the next one if a node fails."""
+        ordered = sorted(replicas, key=lambda r: c.node_of_segment(r.segment_id) != self.node_id)
+        last_error = None
+        for replica in ordered:
+            node = c.node_of_segment(replica.segment_id)
+            if node == self.node_id:
+                try:
+                    return self._local_view(replica.segment_id, replica.offset, size)
+                except MooncakedError as exc:
+                    last_error = exc
+                    continue
+            try:
+                return await self._fetch(node, replica, size)
+            except MooncakedError as exc:
+                last_error = exc
+                self.stats["replica_read_failovers"] += 1
+        raise MooncakedError(ErrorCode.TRANSFER_FAIL,
+                             f"no replica could be read: {last_error.message if last_error else ''}")
+
+    async def _fetch(self, node: int, replica: Replica, size: int):
+        stripe = self.cluster_config.stripe_bytes
+        if size <= stripe:
+            _, payload = await self.data_link(node).call(
+                "read_replica", [replica.segment_id, replica.offset, size],
+                timeout_s=self.rpc_timeout_s)
+            if payload is None or len(payload) != size:
+                raise MooncakedError(ErrorCode.TRANSFER_FAIL, "short replica read")
+            return payload
+        count = min(self.cluster_config.data_connections, -(-size // stripe))
+        piece = -(-size // count)
+        starts = list(range(0, size, piece))
+        parts = await asyncio.gather(*(self.data_link(node).call(
+            "read_replica", [replica.segment_id, replica.offset + start,
+                             min(piece, size - start)], timeout_s=self.rpc_timeout_s)
+            for start in starts))
+        value = bytearray(size)
+        for start, (_, payload) in zip(starts, parts):
+            if payload is None or len(payload) != min(piece, size - start):
+                raise MooncakedError(ErrorCode.TRANSFER_FAIL, "short replica read")
+            value[start:start + len(payload)] = payload
+        return value
+
+    # -- reports ------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        raft = self.raft.status()
+        # msgpack map keys on the wire are strings (clients unpack with strict_map_key).
+        raft["progress"] = {str(k): v for k, v in raft.get("progress", {}).items()}
+        state = self.daemon.master.state
+        return {
+            "node_id": self.node_id, "peer_address": self.peer_address,
+            "leader": self.raft.leader_id, "role": self.raft.role.name.lower(),
+            "term": raft.get("term"), "commit": raft.get("commit"),
+            "applied": raft.get("applied"), "last_index": raft.get("last_index"),
+            "voters": list(self.raft.core.conf_state.voters),
+            "learners": list(self.raft.core.conf_state.learners),
+            "registered": self.registered_term >= 0,
+            "nodes": [{"node_id": n.node_id, "name": n.name, "up": n.up,
+                       "client_address": n.client_address, "peer_address": n.peer_address,
+                       "segments": sum(1 for s in state.segments
+                                       if c.node_of_segment(s) == n.node_id)}
+                      for n in state.nodes.values()],
+            "raft": raft, **self.stats}

@@ -1,0 +1,304 @@
+"""Request handlers of a cluster node: the client protocol over the Raft-replicated store.
+
+The parameters are checked exactly as on a single node (daemon/handlers.py); what differs is
+what happens next. Metadata goes to the leader (here or forwarded, cluster/service.py) and
+waits for the log; value bytes go to and come from the replicas' nodes. Handlers are coroutines
+(daemon/connection.py runs them in request order).
+
+Values travel through the socket: a cluster node's hello lists no segments, so clients do not
+map shared memory (a value's replicas may be on other nodes). The shared-memory calls answer
+NOT_SUPPORTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from mooncaked.cluster.service import config_to_wire, replicas_from_wire
+from mooncaked.daemon import handlers as single
+from mooncaked.daemon.connection import Incoming, Reply
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta.master import ReplicateConfig
+from mooncaked.meta.state_machine import Replica
+
+_TRUE = Reply(True)
+_FALSE = Reply(False)
+_ZERO = Reply(0)
+
+
+def _writer_id(conn) -> int:
+    # Unique in the cluster: the node's id above this node's connection counter.
+    return (conn.daemon.cluster.node_id << 40) | conn.connection_id
+
+
+def _placement(conn, config: ReplicateConfig) -> ReplicateConfig:
+    """local_first: this node's segments are preferred, after any the client named."""
+    daemon = conn.daemon
+    if daemon.config.store.allocation_strategy != "local_first":
+        return config
+    own = tuple(f"{daemon.node_name}/{i}" for i in range(daemon.config.segments.count))
+    return ReplicateConfig(config.replica_num, config.preferred_segments + own,
+                           config.soft_pin_ttl_ms, config.hard_pin)
+
+
+PUT_ATTEMPTS = 3  # a put whose replica node cannot be reached is placed anew this often
+
+
+async def _store_value(conn, key, value, config: ReplicateConfig,
+                       upsert: bool) -> MooncakedError | None:
+    """Put one value: PutStart, the bytes to every replica, PutEnd. None, or the error.
+
+    When a replica's node cannot be reached, the put is revoked and placed again (the node
+    may be gone but not yet declared down), up to PUT_ATTEMPTS times.
+    """
+    service = conn.daemon.cluster
+    writer = _writer_id(conn)
+    wire_config = config_to_wire(_placement(conn, config))
+    for attempt in range(PUT_ATTEMPTS):
+        try:
+            replicas = replicas_from_wire(await service.meta(
+                "put_start", [list(key), len(value), wire_config, upsert, writer]))
+        except MooncakedError as exc:
+            return exc
+        try:
+            await service.write_replicas(replicas, value)
+        except MooncakedError as exc:
+            try:
+                await service.meta("put_revoke", [list(key), writer])
+            except MooncakedError:
+                return exc  # the put is revoked by its timeout instead
+            if attempt + 1 == PUT_ATTEMPTS:
+                return exc
+            continue
+        try:
+            await service.meta("put_end", [list(key), writer])
+        except MooncakedError as exc:
+            return exc
+        return None
+
+
+def _put(conn, params: list, payload_length: int, upsert: bool):
+    single._arity(params, 1, 2, "[key, config?]")
+    key = single._key(conn, params[0])
+    config = single._replicate_config(conn, single._optional(params, 1, None))
+    if payload_length == 0:
+        raise single._invalid("a value must have at least 1 byte")
+    value = bytearray(payload_length)
+
+    async def complete() -> Reply:
+        error = await _store_value(conn, key, value, config, upsert)
+        if error is None:
+            return _TRUE
+        if error.code == ErrorCode.OBJECT_ALREADY_EXISTS:
+            return _FALSE
+        raise error
+    return Incoming([memoryview(value)], complete)
+
+
+def handle_put(conn, params: list, payload_length: int):
+    return _put(conn, params, payload_length, upsert=False)
+
+
+def handle_upsert(conn, params: list, payload_length: int):
+    return _put(conn, params, payload_length, upsert=True)
+
+
+def handle_batch_put(conn, params: list, payload_length: int):
+    single._arity(params, 2, 3, "[keys, sizes, config?]")
+    keys = single._keys(conn, params[0])
+    sizes = single._sizes(params[1], len(keys))
+    config = single._replicate_config(conn, single._optional(params, 2, None))
+    if sum(sizes) != payload_length:
+        raise single._invalid(f"sizes add up to {sum(sizes)} but the payload has "
+                              f"{payload_length} bytes")
+    if len(set(keys)) != len(keys):
+        raise single._invalid("a batch must not repeat a key")
+    value = bytearray(payload_length)
+    view = memoryview(value)
+
+    async def complete() -> Reply:
+        starts, offset = [], 0
+        for size in sizes:
+            starts.append(offset)
+            offset += size
+        errors = await asyncio.gather(*(
+            _store_value(conn, key, view[start:start + size], config, False)
+            for key, start, size in zip(keys, starts, sizes)))
+        return Reply([0 if error is None else 1 if error.code == ErrorCode.OBJECT_ALREADY_EXISTS
+                      else error.code for error in errors])
+    return Incoming([view], complete)
+
+
+async def _read(conn, keys) -> list:
+    return await conn.daemon.cluster.meta("read", [[list(key) for key in keys]])
+
+
+async def _value_of(conn, version):
+    size, locations = version
+    replicas = [Replica(segment_id, offset, 0) for segment_id, offset in locations]
+    return await conn.daemon.cluster.read_replica_bytes(replicas, size)
+
+
+def handle_get(conn, params: list, payload_length: int):
+    single._arity(params, 1, 1, "[key]")
+    key = single._key(conn, params[0])
+
+    async def run() -> Reply:
+        (version,) = await _read(conn, [key])
+        if version is None:
+            raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+        return Reply(version[0], [await _value_of(conn, version)])
+    return run()
+
+
+def handle_exists(conn, params: list, payload_length: int):
+    single._arity(params, 1, 1, "[key]")
+    key = single._key(conn, params[0])
+
+    async def run() -> Reply:
+        (version,) = await _read(conn, [key])
+        return _FALSE if version is None else _TRUE
+    return run()
+
+
+def handle_get_size(conn, params: list, payload_length: int):
+    single._arity(params, 1, 1, "[key]")
+    key = single._key(conn, params[0])
+
+    async def run() -> Reply:
+        (version,) = await _read(conn, [key])
+        if version is None:
+            raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+        return Reply(version[0])
+    return run()
+
+
+def handle_batch_get(conn, params: list, payload_length: int):
+    single._arity(params, 1, 1, "[keys]")
+    keys = single._keys(conn, params[0])
+
+    async def run() -> Reply:
+        versions = await _read(conn, keys)
+        present = [v for v in versions if v is not None]
+        values = await asyncio.gather(*(_value_of(conn, v) for v in present))
+        results = [int(ErrorCode.OBJECT_NOT_FOUND) if v is None else v[0] for v in versions]
+        return Reply(results, list(values))
+    return run()
+
+
+def handle_batch_exists(conn, params: list, payload_length: int):
+    single._arity(params, 1, 1, "[keys]")
+    keys = single._keys(conn, params[0])
+
+    async def run() -> Reply:
+        return Reply([0 if v is None else 1 for v in await _read(conn, keys)])
+    return run()
+
+
+def handle_remove(conn, params: list, payload_length: int):
+    single._arity(params, 1, 2, "[key, force?]")
+    key = single._key(conn, params[0])
+    force = single._bool(single._optional(params, 1, False), "force")
+
+    async def run() -> Reply:
+        await conn.daemon.cluster.meta("remove", [list(key), force])
+        return _ZERO
+    return run()
+
+
+def handle_batch_remove(conn, params: list, payload_length: int):
+    single._arity(params, 1, 2, "[keys, force?]")
+    keys = single._keys(conn, params[0])
+    force = single._bool(single._optional(params, 1, False), "force")
+
+    async def one(key) -> int:
+        try:
+            await conn.daemon.cluster.meta("remove", [list(key), force])
+            return 0
+        except MooncakedError as exc:
+            return exc.code
+
+    async def run() -> Reply:
+        return Reply(list(await asyncio.gather(*(one(key) for key in keys))))
+    return run()
+
+
+def _remove_matching(conn, pattern: str | None, force: bool):
+    async def run() -> Reply:
+        return Reply(await conn.daemon.cluster.meta("remove_matching",
+                                                    [conn.namespace, pattern, force]))
+    return run()
+
+
+def handle_remove_by_regex(conn, params: list, payload_length: int):
+    single._arity(params, 1, 2, "[pattern, force?]")
+    if type(params[0]) is not str:
+        raise single._invalid("pattern must be a str")
+    try:
+        re.compile(params[0])
+    except re.error as exc:
+        raise single._invalid(f"bad regular expression: {exc}") from None
+    return _remove_matching(conn, params[0],
+                            single._bool(single._optional(params, 1, False), "force"))
+
+
+def handle_remove_all(conn, params: list, payload_length: int):
+    single._arity(params, 0, 1, "[force?]")
+    return _remove_matching(conn, None,
+                            single._bool(single._optional(params, 0, False), "force"))
+
+
+def _no_shared_memory(conn, params: list, payload_length: int):
+    raise MooncakedError(ErrorCode.NOT_SUPPORTED,
+                         "shared-memory transfers are not available on a cluster node; "
+                         "send the value through the socket")
+
+
+# -- cluster administration (mooncakectl cluster ...) -------------------------------------------
+
+def _node_id(value) -> int:
+    if type(value) is not int or not 1 <= value <= 65535:
+        raise single._invalid("a node id is an int in 1..65535")
+    return value
+
+
+def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
+    single._arity(params, 0, 0, "[]")
+    return Reply(conn.daemon.cluster.status())
+
+
+def handle_cluster_add(conn, params: list, payload_length: int):
+    single._arity(params, 2, 2, "[node_id, peer_address]")
+    node_id = _node_id(params[0])
+    if type(params[1]) is not str or ":" not in params[1]:
+        raise single._invalid("peer_address is host:port")
+
+    async def run() -> Reply:
+        await conn.daemon.cluster.meta("join", [node_id, params[1]])
+        return _ZERO
+    return run()
+
+
+def _leader_call(method: str):
+    def handler(conn, params: list, payload_length: int):
+        single._arity(params, 1, 1, "[node_id]")
+        node_id = _node_id(params[0])
+
+        async def run() -> Reply:
+            return Reply(await conn.daemon.cluster.meta(method, [node_id]))
+        return run()
+    return handler
+
+
+handle_cluster_remove = _leader_call("remove_member")
+handle_cluster_transfer_leader = _leader_call("transfer_leader")
+handle_cluster_drain = _leader_call("drain")
+
+_OVERRIDES = {name[len("handle_"):]: function for name, function in globals().items()
+              if name.startswith("handle_")}
+for _name in ("put_start", "put_end", "put_revoke", "batch_put_start", "batch_put_end",
+              "batch_put_revoke", "get_replica", "batch_get_replica"):
+    _OVERRIDES[_name] = _no_shared_memory
+
+HANDLERS = {**single.HANDLERS, **_OVERRIDES}
