@@ -193,3 +193,42 @@ def test_metrics_show_raft_and_transfer_counters(cluster):
     assert values[follower]["mooncaked_cluster_forwarded_total"] >= 2  # put start and end
     assert values[follower]["mooncaked_cluster_replica_bytes_sent_total"] >= 10_000
     assert values[leader]["mooncaked_cluster_replica_bytes_received_total"] >= 10_000
+
+
+def test_a_lagging_node_catches_up_from_a_snapshot():
+    cluster = Cluster(3, cluster={"snapshot_entries": 20})
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        victim = next(i for i in (1, 2, 3) if i != leader)
+        cluster.nodes[victim].terminate()
+        with cluster.client(leader) as client:
+            for i in range(60):  # 120 entries: the log is compacted past the victim's end
+                client.put(f"s{i}", value_of(64, i), ReplicateConfig(replica_num=2))
+        leader_status = cluster.status(leader)
+        assert leader_status["raft"]["snapshot_index"] > 0
+        cluster.nodes[victim].start()
+        cluster.wait_for_leader()
+        status = cluster.status(victim)
+        assert status["raft"]["snapshot_index"] > 0  # it installed (or took) a snapshot
+        assert "installed a snapshot" in cluster.nodes[victim].log()
+        with cluster.client(victim) as client:
+            for i in range(60):
+                assert client.get(f"s{i}") == value_of(64, i), i
+    finally:
+        cluster.close()
+
+
+def test_local_first_places_the_replica_on_the_receiving_node():
+    cluster = Cluster(3, store={"allocation_strategy": "local_first"})
+    try:
+        cluster.start()
+        for node_id in (1, 2, 3):
+            with cluster.client(node_id) as client:
+                for i in range(5):
+                    key = f"local{node_id}-{i}"
+                    client.put(key, value_of(2000, i))
+                    stat = client.call("object_stat", key)
+                    assert [r["segment_id"] >> 16 for r in stat["replicas"]] == [node_id]
+    finally:
+        cluster.close()
