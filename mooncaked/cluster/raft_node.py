@@ -16,6 +16,7 @@ that lost its quorum), the outcome is unknown: OUTCOME_UNKNOWN.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import time
@@ -73,6 +74,10 @@ class RaftNode:
         self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
         self._read_seq = 0
         self._scheduled = False
+        self._persisting: asyncio.Future | None = None  # the fdatasync of the current batch
+        self._sync_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="raft-sync")
+        self.fatal: Callable[[BaseException], None] = lambda error: None
         self._ticker: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.leader_id = 0
@@ -116,6 +121,7 @@ class RaftNode:
             self._ticker.cancel()
         error = MooncakedError(ErrorCode.SHUTTING_DOWN, "the node is stopping")
         self._fail_all(error)
+        self._sync_thread.shutdown(wait=True)
         self.store.close()
 
     def _tick(self) -> None:
@@ -146,6 +152,8 @@ class RaftNode:
         if self._reads_unsent:
             self._catch_up_ticks()
             self._submit_reads()
+        if self._persisting is not None:
+            return  # the batch being synced comes first; this work joins the next one
         core = self.core
         while core.has_ready():
             ready = core.ready()
@@ -163,18 +171,47 @@ class RaftNode:
                 self.store.save_snapshot(ready.snapshot)
             if ready.entries or ready.hard_state is not None:
                 self.store.append(ready.entries, ready.hard_state)
-            self.store.sync()
-            if not leader_sends_first:
-                self._send_all(ready.messages)
-            if ready.snapshot is not None:
-                self._restore(ready.snapshot)
-            for entry in ready.committed_entries:
-                self._apply(entry)
-            for read in ready.read_states:
-                waiters = self._reads_sent.pop(read.context, [])
-                for waiter in waiters:
-                    self._reads_waiting_apply.append((read.index, waiter))
-            core.advance(ready)
+                if self.store.fsync == "batch":
+                    # fdatasync in the sync thread: meanwhile the loop keeps serving (reads,
+                    # replica bytes, heartbeats) and gathers the next batch's proposals.
+                    self._persisting = self._loop.run_in_executor(self._sync_thread,
+                                                                  self.store.sync)
+                    self._persisting.add_done_callback(
+                        lambda done, ready=ready, first=leader_sends_first:
+                        self._persisted(done, ready, first))
+                    return
+            self._finish(ready, leader_sends_first)
+        self._after_batches()
+
+    def _persisted(self, done: asyncio.Future, ready, leader_sent_first: bool) -> None:
+        self._persisting = None
+        error = done.exception()
+        if error is not None:
+            # The log cannot be made durable: stop acting on it rather than acknowledge
+            # what a crash could lose (fail-stop, as the log's users expect).
+            log.critical("the Raft log could not be synced: %s; stopping", error)
+            self._fail_all(MooncakedError(ErrorCode.INTERNAL_ERROR, "the Raft log failed"))
+            self.fatal(error)
+            return
+        self._finish(ready, leader_sent_first)
+        self._after_batches()
+        self._schedule()
+
+    def _finish(self, ready, leader_sent_first: bool) -> None:
+        """What follows persisting a Ready: send (if not yet), apply, reads, advance."""
+        if not leader_sent_first:
+            self._send_all(ready.messages)
+        if ready.snapshot is not None:
+            self._restore(ready.snapshot)
+        for entry in ready.committed_entries:
+            self._apply(entry)
+        for read in ready.read_states:
+            waiters = self._reads_sent.pop(read.context, [])
+            for waiter in waiters:
+                self._reads_waiting_apply.append((read.index, waiter))
+        self.core.advance(ready)
+
+    def _after_batches(self) -> None:
         if self._reads_waiting_apply:
             self._release_reads()
         if self.applied_index - self.snapshot_index >= self.snapshot_entries:

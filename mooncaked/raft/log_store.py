@@ -188,6 +188,11 @@ class LogStore:
 
     # -- opening and recovery --
 
+    @property
+    def fsync(self) -> str:
+        """The fsync policy: "batch" or "none"."""
+        return self._fsync
+
     def open(self) -> Recovered:
         if self._fd is not None:
             raise RuntimeError("log store is already open")
