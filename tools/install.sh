@@ -9,6 +9,7 @@ packages=(
     liburing-dev libnuma-dev               # headers of the native core
     libmsgpack-dev                         # the C client used by the wire tests
     systemd                                # systemd-analyze, to check the unit file
+    nftables                               # nft, for the partitions of the cluster fault tests
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -75,6 +75,7 @@ class RaftNode:
         self._read_seq = 0
         self._scheduled = False
         self._persisting: asyncio.Future | None = None  # the fdatasync of the current batch
+        self._synced_vote = (recovered.hard_state.term, recovered.hard_state.vote)
         self._sync_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="raft-sync")
         self.fatal: Callable[[BaseException], None] = lambda error: None
@@ -171,7 +172,7 @@ class RaftNode:
                 self.store.save_snapshot(ready.snapshot)
             if ready.entries or ready.hard_state is not None:
                 self.store.append(ready.entries, ready.hard_state)
-                if self.store.fsync == "batch":
+                if self.store.fsync == "batch" and self._needs_sync(ready):
                     # fdatasync in the sync thread: meanwhile the loop keeps serving (reads,
                     # replica bytes, heartbeats) and gathers the next batch's proposals.
                     self._persisting = self._loop.run_in_executor(self._sync_thread,
@@ -182,6 +183,18 @@ class RaftNode:
                     return
             self._finish(ready, leader_sends_first)
         self._after_batches()
+
+    def _needs_sync(self, ready) -> bool:
+        """Entries, term and vote must be durable before anything depends on them; the
+        commit index need not be (a restarted node learns it again from the leader), so a
+        batch that only moves it is written but not synced."""
+        hard_state = ready.hard_state
+        if hard_state is not None:
+            vote = (hard_state.term, hard_state.vote)
+            if vote != self._synced_vote:
+                self._synced_vote = vote
+                return True
+        return bool(ready.entries)
 
     def _persisted(self, done: asyncio.Future, ready, leader_sent_first: bool) -> None:
         self._persisting = None

@@ -7,6 +7,8 @@ under the bench venv, one fresh process per trial):
     sock_send
     pingpong_srv / 1-byte request/response round trips, TCP (TCP_NODELAY) or Unix socket: the
     pingpong_cli   floor of any request/response store under the CPU placement in use
+    fdatasync      4 KiB appends, each followed by fdatasync, on the file system of a directory
+                   (the cluster section's Raft logs)
 
 The socket roles bind 127.0.0.1 (port 0) or a Unix socket path the orchestrator gives.
 """
@@ -141,5 +143,32 @@ def role_pingpong_cli(a: dict) -> None:
                     "p99_us": percentile(latencies, 99) / 1e3})
 
 
-ROLES = {"memcpy": role_memcpy, "sock_recv": role_sock_recv, "sock_send": role_sock_send,
+def role_fdatasync(a: dict) -> None:
+    """Append 4 KiB and fdatasync, one after the other, for a fixed window: the floor of a log
+    that syncs each write on its own (a Raft log with fsync = "batch" and one client)."""
+    path = os.path.join(a["dir"], "fdatasync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    block = os.urandom(4096)
+    latencies = []
+    pc = time.perf_counter_ns
+    try:
+        for _ in range(5):  # warm-up: the file's first blocks, the journal
+            os.write(fd, block)
+            os.fdatasync(fd)
+        t_start = time.monotonic()
+        deadline = t_start + a["duration_s"]
+        while time.monotonic() < deadline:
+            t0 = pc(); os.write(fd, block); os.fdatasync(fd); latencies.append(pc() - t0)
+        elapsed = time.monotonic() - t_start
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    latencies.sort()
+    emit("RESULT", {"n": len(latencies), "ops_s": len(latencies) / elapsed,
+                    "p50_us": percentile(latencies, 50) / 1e3,
+                    "p99_us": percentile(latencies, 99) / 1e3})
+
+
+ROLES = {"fdatasync": role_fdatasync, "memcpy": role_memcpy, "sock_recv": role_sock_recv,
+         "sock_send": role_sock_send,
          "pingpong_srv": role_pingpong_srv, "pingpong_cli": role_pingpong_cli}

@@ -96,6 +96,18 @@ class Procs:
                     pass
         self.live = [(q, n) for q, n in self.live if q is not p]
 
+    def kill(self, p: subprocess.Popen) -> float:
+        """SIGKILL by PID (a crash, for failover measurements); returns the time.monotonic()
+        just before the signal. The process is reaped and forgotten."""
+        t = time.monotonic()
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+        self.stop(p)  # closes its pipes, drops it from the registry
+        return t
+
     def stop_all(self) -> None:
         for p, _ in reversed(list(self.live)):
             self.stop(p)

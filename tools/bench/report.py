@@ -68,10 +68,27 @@ class Results:
             "n": n, "failed_ops": errors, "note": note})
 
     def get(self, placement, system, op, size=None):
+        row = self.row(placement, system, op, size)
+        return None if row is None else row["median"]
+
+    def row(self, placement, system, op, size=None):
         for r in self.rows:
             if (r["placement"], r["system"], r["op"], r["size"]) == (placement, system, op, size):
-                return r["median"]
+                return r
         return None
+
+
+CLUSTER_OPS = ("cl_", "cross_", "failover_", "transfer_")  # op prefixes of the cluster section
+
+
+def has_main(res: Results, pl: str) -> bool:
+    """Whether the placement has rows of the main sections (not only the cluster section)."""
+    return any(r["placement"] == pl and r["system"] != "machine"
+               and not r["op"].startswith(CLUSTER_OPS) for r in res.rows)
+
+
+def has_cluster(res: Results, pl: str) -> bool:
+    return any(r["placement"] == pl and r["op"].startswith(CLUSTER_OPS) for r in res.rows)
 
 
 # -- text tables -----------------------------------------------------------------------------
@@ -181,6 +198,103 @@ def render_placement(res: Results, pl: str, label: str, sizes: list) -> str:
     return "\n\n".join(out)
 
 
+def spread(row) -> str:
+    return "-" if row is None else f"{fmt(row['min'])}-{fmt(row['max'])}"
+
+
+def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:
+    """The cluster section of one placement: put rates, cross-node get, failover."""
+    g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
+    c = info.get("cluster", {})
+    settings = c.get("settings", {})
+    fsync_rate = res.row(pl, "machine", "fdatasync_4k")
+    out = [f"## Cluster, placement `{pl}`: {label}; the three daemons share the server CPUs",
+           f"Raft logs: fsync = \"{settings.get('fsync', '?')}\" in the work directory on "
+           f"{c.get('raft_data_fs', '?')} (not tmpfs); this file system's 4 KiB append + "
+           f"fdatasync, one after the other, measured before each trial of the put rates: "
+           f"{fmt(fsync_rate and fsync_rate['median'])} ops/s ({spread(fsync_rate)}; p50 "
+           f"{fmt(fsync_rate and fsync_rate['p50_us'])} µs): the put rates of the clusters "
+           f"follow it. Raft timing: tick_ms "
+           f"{settings.get('tick_ms')}, election_ticks {settings.get('election_ticks')}, "
+           f"node_ttl_ms {settings.get('node_ttl_ms')}; replica placement "
+           f"{settings.get('allocation_strategy')}. busy_poll_us: "
+           + ", ".join(f"{k} {v}" for k, v in c.get("busy_poll_us", {}).get(pl, {}).items())
+           + " (the three nodes share their CPUs, so they do not poll). Loops of the 3 nodes "
+           "(status()['loop']): "
+           + ", ".join(f"node{k} {v!r}" for k, v in
+                       c.get("loops", {}).get(f"3-node [{pl}]", {}).items())]
+    mc1 = g("mooncake", "cl_put_1p")
+    rows = []
+    for system, name in (("mcd-3node-leader", "3-node cluster, client on the leader"),
+                         ("mcd-3node-follower", "3-node cluster, client on a follower"),
+                         ("mcd-1node", "1-node cluster (cluster on, one member)"),
+                         ("mcd-plain", "plain daemon (cluster off)"),
+                         ("mooncake", "Mooncake master (no replication), 1 client")):
+        one, four = res.row(pl, system, "cl_put_1p"), res.row(pl, system, "cl_put_4p")
+        v1, v4 = one and one["median"], four and four["median"]
+        is_3 = system.startswith("mcd-3node")
+        rows.append([name, fmt(v1), spread(one), fmt(one and one["p50_us"]), fmt(v4),
+                     spread(four), fmt(four and four["p50_us"]), ratio(v1, mc1),
+                     ratio(v4, mc1) if system != "mooncake" else "-",
+                     ratio(v1, g("mcd-1node", "cl_put_1p")) if is_3 else "-",
+                     ratio(v4, g("mcd-1node", "cl_put_4p")) if is_3 else "-"])
+    out.append("put 4 KiB, aggregate ops/s over a fixed window (fresh keys; mooncaked clients "
+               "over TCP, each process its own connection; medians, min-max over trials)\n\n"
+               + table(["system", "1 client", "min-max", "p50 µs", "4 clients", "min-max",
+                        "p50 µs", "1c / MC", "4c / MC 1c", "1c / 1-node", "4c / 1-node"], rows))
+    placement = c.get("cross_placement", {}).get(pl, {})
+    rows = []
+    sizes = sorted({r["size"] for r in res.rows if r["placement"] == pl
+                    and r["op"] == "cross_get"})
+    for size in sizes:
+        row = [human_size(size)]
+        for system in ("mcd-3node-via-follower", "mcd-3node-via-leader", "mooncake"):
+            r = res.row(pl, system, "cross_get", size)
+            row += [fmt(r and r["median"] / 1000), spread(r) if r is None else
+                    f"{fmt(r['min'] / 1000)}-{fmt(r['max'] / 1000)}",
+                    fmt(r and r["median"] * 1e6 / size)]
+        m = g("mooncake", "cross_get", size)
+        row += [ratio(g("mcd-3node-via-follower", "cross_get", size), m),
+                ratio(g("mcd-3node-via-leader", "cross_get", size), m)]
+        rows.append(row)
+    puts = "; ".join(
+        f"{human_size(size)}: mooncaked {fmt(g('mcd-3node', 'cross_put', size))} MB/s, "
+        f"Mooncake A (own segment) {fmt(g('mooncake', 'cross_put', size))} MB/s"
+        for size in sizes)
+    out.append("Cross-node get, GB/s and ops/s (one client, one op in flight; mooncaked: the "
+               f"replica on follower {placement.get('holder', '?')}'s segment "
+               f"(preferred_segments), the client connected to follower "
+               f"{placement.get('client_node', '?')} or to the leader "
+               f"{placement.get('leader', '?')}: node -> node -> client over TCP; replicas "
+               f"verified on the holder: {placement.get('replicas_on_holder', '?')}. Mooncake: "
+               "client A holds the data in its own segment, client B (no segment) gets it over "
+               "Mooncake's TCP transport)\n\n"
+               + table(["size", "via follower GB/s", "min-max", "ops/s", "via leader GB/s",
+                        "min-max", "ops/s", "MC cross GB/s", "min-max", "ops/s",
+                        "follower / MC", "leader / MC"], rows)
+               + f"\n\nThe puts that placed the objects (once, timed): {puts}.")
+    rows = []
+    for op, name in (("failover_new_leader", "kill -9 leader -> new leader in cluster_status"),
+                     ("failover_first_put", "kill -9 leader -> first successful put (follower)"),
+                     ("failover_put_gap", "kill -9 leader: longest gap between puts"),
+                     ("failover_restart", "restart of the killed node -> settled again"),
+                     ("transfer_return", "transfer-leader: call -> answer"),
+                     ("transfer_new_leader", "transfer-leader: call -> target is leader"),
+                     ("transfer_first_put", "transfer-leader: call -> first successful put"),
+                     ("transfer_put_gap", "transfer-leader: longest gap between puts")):
+        r = res.row(pl, "mcd-3node", op)
+        if r is not None:
+            rows.append([name, fmt(r["median"]), spread(r), str(len(r["trials"]))])
+    failover = c.get("failover", {}).get(pl, {})
+    if rows:
+        out.append("Leader failover and handover, ms (a client puts 4 KiB in a loop through a "
+                   "follower; medians, min-max over trials)\n\n"
+                   + table(["measurement", "median ms", "min-max", "trials"], rows)
+                   + f"\n\nFailed puts during these trials: {failover.get('failed_puts', 0)}; "
+                     f"error codes after the event: {failover.get('put_errors_seen') or '-'}.")
+    return "\n\n".join(out)
+
+
 def targets(res: Results, placements: list[str], loops: dict) -> list[dict]:
     """The issue's targets, per placement: measured ratio vs threshold."""
     out = []
@@ -191,9 +305,11 @@ def targets(res: Results, placements: list[str], loops: dict) -> list[dict]:
         out.append({"placement": pl, "target": name, "ratio": value, "threshold": threshold,
                     "basis": basis, "status": verdict or status})
 
+    div = lambda a, b: a / b if a is not None and b else None  # noqa: E731
     for pl in placements:
         g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
-        div = lambda a, b: a / b if a is not None and b else None  # noqa: E731
+        if not has_main(res, pl):
+            continue
         for size, threshold in ((MiB, 1.5), (16 * MiB, 1.0)):
             for op in ("put_from", "get_into"):
                 add(pl, f"{op} {human_size(size)} >= {threshold}x Mooncake",
@@ -225,6 +341,23 @@ def targets(res: Results, placements: list[str], loops: dict) -> list[dict]:
                 div(g("mooncaked", op), g("mooncaked@asyncio", op)), 1.3,
                 f"loop {default_loop!r} vs {asyncio_loop!r}",
                 verdict=f"SAME LOOP ({default_loop})" if same else None)
+    for pl in placements:  # the cluster section's targets
+        g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
+        if not has_cluster(res, pl):
+            continue
+        for system, where in (("mcd-3node-follower", "a follower"),
+                              ("mcd-3node-leader", "the leader")):
+            add(pl, f"cluster put 4 KiB ops/s, 1 client on {where}, 3 nodes, "
+                    f"fsync=batch >= 1.0x Mooncake",
+                div(g(system, "cl_put_1p"), g("mooncake", "cl_put_1p")), 1.0,
+                f"{fmt(g(system, 'cl_put_1p'))} / {fmt(g('mooncake', 'cl_put_1p'))} ops/s")
+        for size in (MiB, 16 * MiB):
+            for system, where in (("mcd-3node-via-follower", "follower"),
+                                  ("mcd-3node-via-leader", "leader")):
+                a, m = g(system, "cross_get", size), g("mooncake", "cross_get", size)
+                add(pl, f"cross-node get {human_size(size)} (client on the {where}) "
+                        f">= 2.0x Mooncake cross-client TCP get", div(a, m), 2.0,
+                    f"{fmt(a)} / {fmt(m)} MB/s")
     return out
 
 
@@ -271,9 +404,10 @@ def render(res: Results, info: dict) -> str:
             f"Mooncake {env['mooncake']}; {env['redis_server'].split(' sha=')[0]}; redis-py "
             f"{env['redis_py']}; mooncaked from {env['mooncaked_src']} "
             f"({env['mooncaked_commit']}"
-            f"{' + uncommitted changes' if env['mooncaked_tree_dirty'] else ''}).",
-            "mooncaked loops (status()['loop']): " + ", ".join(
-                f"{k} = {v!r}" for k, v in info["loops"].items())]
+            f"{' + uncommitted changes' if env['mooncaked_tree_dirty'] else ''})."]
+    if info["loops"]:
+        head.append("mooncaked loops (status()['loop']): " + ", ".join(
+            f"{k} = {v!r}" for k, v in info["loops"].items()))
     if info.get("loop_reasons"):
         head.append("mooncaked loop choice (status()['loop_reason']; busy poll is set where the "
                     "daemon has a CPU its clients do not use): " + "; ".join(
@@ -290,9 +424,15 @@ def render(res: Results, info: dict) -> str:
     if failed:
         head.append("FAILED OPS (see the 'failed' column): " + ", ".join(
             f"{k} {v}" for k, v in failed.items()))
-    parts = ["\n".join(head), render_machine(res, placements)]
+    parts = ["\n".join(head)]
+    if any(r["system"] == "machine" and r["op"] != "fdatasync_4k" for r in res.rows):
+        parts.append(render_machine(res, placements))
     for pl in placements:
-        parts.append(render_placement(res, pl, info["placements"][pl], sizes))
+        if has_main(res, pl):
+            parts.append(render_placement(res, pl, info["placements"][pl], sizes))
+    for pl in placements:
+        if has_cluster(res, pl):
+            parts.append(render_cluster(res, pl, info["placements"][pl], info))
     parts.append(render_targets(targets(res, placements, info["loops"])))
     parts.append(render_all(res))
     parts.append("Servers started (each stopped by PID at the end)\n\n" + "\n".join(
@@ -313,17 +453,18 @@ def write(res: Results, info: dict, text: str, out_dir: str, venv_python: str) -
     with open(base + ".md", "w") as f:
         f.write(text + "\n")
     written = [base + ".json", base + ".md"]
-    chart = subprocess.run([venv_python, os.path.abspath(__file__), "chart", base + ".json",
-                            base + ".png"], capture_output=True, text=True)
-    if chart.returncode == 0:
-        written.append(base + ".png")
-    else:
-        print(f"chart failed:\n{chart.stderr}", file=sys.stderr)
+    if any(r["op"] in ("put", "get", "put_from", "get_into") for r in res.rows):
+        chart = subprocess.run([venv_python, os.path.abspath(__file__), "chart",
+                                base + ".json", base + ".png"], capture_output=True, text=True)
+        if chart.returncode == 0:
+            written.append(base + ".png")
+        else:
+            print(f"chart failed:\n{chart.stderr}", file=sys.stderr)
     for suffix in (".json", ".md", ".png"):  # stable names for the newest run
+        latest = os.path.join(out_dir, "latest" + suffix)
+        if os.path.lexists(latest):  # (no chart in this run: no latest.png either)
+            os.unlink(latest)
         if os.path.exists(base + suffix):
-            latest = os.path.join(out_dir, "latest" + suffix)
-            if os.path.lexists(latest):
-                os.unlink(latest)
             os.symlink(os.path.basename(base + suffix), latest)
     return written
 

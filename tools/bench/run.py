@@ -3,6 +3,7 @@
 
     python tools/bench/run.py            # full run: 3 trials per measurement
     python tools/bench/run.py --quick    # 1 trial, small counts (smoke test)
+    python tools/bench/run.py --only cluster   # just the cluster section
 
 Run it from the repo root with the project's Python (the one that imports mooncaked). It sets
 itself up (bootstrap.py: redis-server and libibverbs1 from Debian, a venv in tools/bench/.venv
@@ -16,7 +17,13 @@ servers on CPU0, clients on CPU1; `same`: everything on CPU0):
                 rates, their trials alternating
     mooncake    mooncake_master + its HTTP metadata server; the same single worker and rates
     redis       redis-server; SET/GET per size and the same rates
+    cluster     a 3-node and a 1-node mooncaked cluster (fsync = "batch"), a plain daemon and a
+                mooncake_master: put 4 KiB ops/s, cross-node get of 1 MiB / 16 MiB against
+                Mooncake's cross-client TCP get, leader failover (kill -9) and transfer-leader
+                (cluster.py)
 
+`--only cluster` (or any comma list of machine, mooncaked, mooncake, redis, cluster) runs just
+those sections.
 Every trial runs in fresh worker processes; medians and min-max over trials are reported, with
 each trial's p50/p99 (median over trials). Every server and worker is stopped by PID at the end,
 also on Ctrl-C. Tables go to stdout; JSON (every per-trial number + environment) and a PNG
@@ -42,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bootstrap  # noqa: E402
+import cluster  # noqa: E402
 import report  # noqa: E402
 from common import GiB, KiB, MiB  # noqa: E402
 from procs import MOONCAKED_SRC, PROCS, Noise, Worker, placements, run_one  # noqa: E402
@@ -51,6 +59,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 # Mooncake's client advertises this address for its transfer-engine RPC instead of the first
 # network interface's (its listening sockets still bind the wildcard address; see README).
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+SECTIONS = ("machine", "mooncaked", "mooncake", "redis", "cluster")
 
 
 class Config:
@@ -79,6 +88,7 @@ class Config:
             self.memcpy_reps = 1
             self.mooncaked_segment = 2 * GiB
             self.cold_ops = 4
+        cluster.config_defaults(self)  # the cluster section's counts
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -365,17 +375,31 @@ class Bench:
         finally:
             server.stop()
 
-    def run(self, placement_list, systems) -> None:
-        plan = [("memcpy", None, self.section_memcpy)]
+    def section_cluster(self, pl, with_mooncake: bool) -> None:
+        if not cluster.supported(MOONCAKED_SRC[0]):
+            self.log(f"[{pl.name}] cluster: skipped, the daemon in {MOONCAKED_SRC[0]} has no "
+                     "[cluster] section")
+            self.info["errors"].append(f"cluster [{pl.name}]: skipped (no [cluster] in the "
+                                       "daemon's mooncaked.toml)")
+            return
+        cluster.ClusterSection(self).run(pl, with_mooncake)
+
+    def run(self, placement_list, systems, sections) -> None:
+        plan = [("memcpy", None, self.section_memcpy)] if "machine" in sections else []
         for pl in placement_list:
-            plan.append(("machine", pl, self.section_ipc))
-            if "mooncaked" in systems:
+            if "machine" in sections:
+                plan.append(("machine", pl, self.section_ipc))
+            if "mooncaked" in systems and "mooncaked" in sections:
                 plan.append(("mooncaked", pl, self.section_mooncaked_single))
                 plan.append(("mooncaked rates", pl, self.section_mooncaked_rates))
-            if "mooncake" in systems:
+            if "mooncake" in systems and "mooncake" in sections:
                 plan.append(("mooncake", pl, self.section_mooncake))
-            if "redis" in systems:
+            if "redis" in systems and "redis" in sections:
                 plan.append(("redis", pl, self.section_redis))
+            if "mooncaked" in systems and "cluster" in sections:
+                with_mooncake = "mooncake" in systems
+                plan.append(("cluster", pl,
+                             lambda p, m=with_mooncake: self.section_cluster(p, m)))
         for name, pl, fn in plan:
             try:
                 fn() if pl is None else fn(pl)
@@ -425,6 +449,9 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--placements", default="split,same", help="comma list: split, same, none")
     ap.add_argument("--systems", default="mooncaked,mooncake,redis")
+    ap.add_argument("--only", default=",".join(SECTIONS), metavar="SECTIONS",
+                    help=f"comma list of the sections to run: {', '.join(SECTIONS)} (default: "
+                         "all); e.g. --only cluster")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--src", default=REPO,
                     help="checkout whose mooncaked is measured (default: this one), e.g. a "
@@ -437,6 +464,10 @@ def main() -> int:
     cfg = Config(args.quick, args.trials)
     placement_list = placements(args.placements)
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
+    sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    if sections - set(SECTIONS):
+        raise SystemExit(f"unknown section {sorted(sections - set(SECTIONS))[0]!r}; choose "
+                         f"from {', '.join(SECTIONS)}")
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -457,8 +488,9 @@ def main() -> int:
                              *sys.argv])
     info["placements"] = {pl.name: pl.label for pl in placement_list}
     info["workdir"] = workdir
+    info["sections"] = sorted(sections)
     try:
-        bench.run(placement_list, systems)
+        bench.run(placement_list, systems, sections)
     except KeyboardInterrupt as exc:
         print(f"interrupted{f' ({exc})' if str(exc) else ''}; stopping every process by PID",
               file=sys.stderr)

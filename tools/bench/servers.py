@@ -5,7 +5,9 @@ server CPUs, and stopped by PID (procs.PROCS):
                      config in a temp dir (Unix socket, a segment in a private /dev/shm
                      directory per daemon, metrics off), ready when it sends READY=1 to $NOTIFY_SOCKET;
                      $MOONCAKED_LOOP selects its event loop (asyncio|uring|auto; unset =
-                     the daemon's default)
+                     the daemon's default); optionally TCP only and/or a cluster node (a
+                     [cluster] section), started without waiting (await_mooncaked) and
+                     started again after a kill (relaunch_mooncaked)
     mooncake_master  from the bench venv, with its HTTP metadata server
     redis-server     Debian's, no persistence
 
@@ -85,49 +87,93 @@ def daemon_knows(src: str, key: str) -> bool:
 
 
 def start_mooncaked(python: str, workdir: str, placement: Placement, segment_bytes: int,
-                    loop: str | None, log_path: str) -> Server:
+                    loop: str | None, log_path: str, *, unix_socket: bool = True,
+                    cluster: dict | None = None, busy_poll: bool | None = None,
+                    name: str = "bench", wait: bool = True) -> Server:
     """loop: the value for $MOONCAKED_LOOP, or None to leave it unset (the default loop).
     The segment is prefaulted at start-up when the daemon has that switch (what an operator
-    who cares about latency sets); otherwise run.py fills it once before measuring."""
+    who cares about latency sets); otherwise run.py fills it once before measuring.
+    unix_socket=False: TCP only (connect["tcp_address"] in both cases). cluster: the
+    [cluster] section (a cluster node; the caller waits for a leader). busy_poll: None = set
+    busy_poll_us where the daemon has CPUs its clients do not use; False = never.
+    wait=False: return at once; await_mooncaked(server) waits for READY=1 (several daemons
+    then start side by side)."""
     src = MOONCAKED_SRC[0]
     os.makedirs(workdir, exist_ok=True)
     shm_dir = os.path.join("/dev/shm",
                            f"mooncaked-bench-{os.getpid()}-{os.path.basename(workdir)}")
     os.makedirs(shm_dir, exist_ok=True)
-    unix_socket = os.path.join(workdir, "mooncaked.sock")
+    socket_path = os.path.join(workdir, "mooncaked.sock")
     config_path = os.path.join(workdir, "mooncaked.toml")
     segments = {"size_bytes": segment_bytes, "shm_dir": shm_dir}
     if daemon_knows(src, "prefault"):
         segments["prefault"] = True
-    server = {"tcp_host": "127.0.0.1", "tcp_port": free_port(), "unix_socket": unix_socket,
-              "shutdown_grace_ms": 1000}
-    if placement.servers and not placement.servers & placement.clients \
-            and daemon_knows(src, "busy_poll_us"):
+    tcp_port = free_port()
+    listeners = {"tcp_host": "127.0.0.1", "tcp_port": tcp_port,
+                 "unix_socket": socket_path if unix_socket else "", "shutdown_grace_ms": 1000}
+    apart = bool(placement.servers) and not placement.servers & placement.clients
+    if (busy_poll is None and apart or busy_poll) and daemon_knows(src, "busy_poll_us"):
         # The daemon has CPUs its clients do not use: the documented setting for that case.
-        server["busy_poll_us"] = BUSY_POLL_US_WHEN_APART
+        listeners["busy_poll_us"] = BUSY_POLL_US_WHEN_APART
+    sections = {
+        "node": {"name": name},
+        "server": listeners,
+        "segments": segments,
+        "metrics": {"enabled": False},
+        "log": {"level": "warning"},
+    }
+    if cluster is not None:
+        sections["cluster"] = dict(cluster, enabled=True)
     with open(config_path, "w") as f:
-        f.write(_toml({
-            "node": {"name": "bench"},
-            "server": server,
-            "segments": segments,
-            "metrics": {"enabled": False},
-            "log": {"level": "warning"},
-        }))
-    notify_path = os.path.join(workdir, "notify.sock")
-    if os.path.exists(notify_path):
-        os.unlink(notify_path)
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(notify_path)
+        f.write(_toml(sections))
     loop_env = {} if loop is None else {"MOONCAKED_LOOP": loop}
-    env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=src, **loop_env)
+    env = dict(os.environ, PYTHONPATH=src, **loop_env)
     if loop is None:
         env.pop("MOONCAKED_LOOP", None)
     argv = [python, "-m", "mooncaked", "--config", config_path]
-    log = open(log_path, "ab")
-    started = time.monotonic()
-    p = PROCS.popen("mooncaked", argv, cpus=placement.servers, cwd=src, env=env,
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    connect = {"address": f"unix:{socket_path}" if unix_socket else f"127.0.0.1:{tcp_port}",
+               "tcp_address": f"127.0.0.1:{tcp_port}", "shm_dir": shm_dir,
+               "config": config_path, "busy_poll_us": listeners.get("busy_poll_us", 0),
+               "launch": {"argv": argv, "env": env, "workdir": workdir, "cpus": placement.servers,
+                          "log_path": log_path}}
+    server = Server("mooncaked", None, _command(argv, placement, loop_env), connect)
+    _spawn(server)
+    if wait:
+        await_mooncaked(server)
+    return server
+
+
+def relaunch_mooncaked(server: Server) -> float:
+    """Start a stopped (or killed) daemon again with the same config, data and ports; returns
+    the seconds to READY=1. server.process is replaced."""
+    if server.notify is not None:
+        server.notify.close()
+    _spawn(server)
+    return await_mooncaked(server)
+
+
+def _spawn(server: Server) -> None:
+    """Start `python -m mooncaked` with a fresh $NOTIFY_SOCKET."""
+    launch = server.connect["launch"]
+    notify_path = os.path.join(launch["workdir"], "notify.sock")
+    if os.path.exists(notify_path):
+        os.unlink(notify_path)
+    server.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.notify.bind(notify_path)
+    env = dict(launch["env"], NOTIFY_SOCKET=notify_path)
+    log = open(launch["log_path"], "ab")
+    server.connect["spawned"] = time.monotonic()
+    server.process = PROCS.popen("mooncaked", launch["argv"], cpus=launch["cpus"],
+                                 cwd=MOONCAKED_SRC[0], env=env, stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT)
     log.close()
+
+
+def await_mooncaked(server: Server) -> float:
+    """Wait for READY=1 from a spawned daemon; returns (and records) the seconds from its start.
+    On failure the daemon is stopped."""
+    p, notify, log_path = server.process, server.notify, server.connect["launch"]["log_path"]
+    started = server.connect["spawned"]
     try:
         deadline = time.monotonic() + 60  # prefaulting a large segment takes a while
         notify.settimeout(0.2)
@@ -143,12 +189,12 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
                 raise RuntimeError(f"mooncaked sent no READY=1 within 60 s; see {log_path}")
     except BaseException:
         notify.close()
+        server.notify = None
         PROCS.stop(p)
         raise
+    server.connect["startup_s"] = time.monotonic() - started
     threading.Thread(target=_drain, args=(notify,), daemon=True).start()
-    return Server("mooncaked", p, _command(argv, placement, loop_env),
-                  {"address": f"unix:{unix_socket}", "shm_dir": shm_dir,
-                   "startup_s": time.monotonic() - started, "config": config_path}, notify)
+    return server.connect["startup_s"]
 
 
 def start_mooncake_master(venv_python: str, placement: Placement, log_path: str) -> Server:

@@ -12,7 +12,8 @@ Store roles (this file):
     rate     small ops for a fixed window after a GO barrier (several processes at once):
              exists, put of 4 KiB, batched exists of `batch` keys (counted in keys)
     prefill  the daemon's status; first touch of its segment unless it prefaulted it
-Machine roles (memcpy, sockets) live in machine.py and are dispatched from here too.
+Machine roles (memcpy, sockets, fdatasync) live in machine.py, the cluster section's roles in
+cluster_workers.py; both are dispatched from here too.
 
 The same loop measures every system: each system is wrapped in a small adapter whose methods
 return plain success flags, so the timing code is shared. The mooncaked roles run under the
@@ -312,7 +313,7 @@ def _rate_ops(a: dict):
     """(setup-done handle, op(n) -> ok, units counted per op, close) for a rate worker."""
     system, mode, tag = a["system"], a["mode"], a["tag"]
     value = b"r" * 4096
-    nkeys, batch = 256, a.get("batch", 128)
+    nkeys, batch = a.get("keys", 256), a.get("batch", 128)  # keys=0: puts only, no set-up
     keys = [f"{tag}-e{i}" for i in range(nkeys)]
     if system == "redis":
         import redis
@@ -402,6 +403,7 @@ ROLES = {"single": role_single, "rate": role_rate, "prefill": role_prefill,
          "redis_single": role_redis_single}
 
 if __name__ == "__main__":
+    import cluster_workers
     import machine
     role, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    (ROLES.get(role) or machine.ROLES[role])(args)
+    (ROLES.get(role) or cluster_workers.ROLES.get(role) or machine.ROLES[role])(args)
