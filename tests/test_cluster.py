@@ -232,3 +232,32 @@ def test_local_first_places_the_replica_on_the_receiving_node():
                     assert [r["segment_id"] >> 16 for r in stat["replicas"]] == [node_id]
     finally:
         cluster.close()
+
+
+def test_a_new_leader_treats_every_object_as_leased_for_one_ttl():
+    ttl_s = 6.0
+    cluster = Cluster(3, store={"lease_ttl_ms": int(ttl_s * 1000)})
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        with cluster.client(leader) as client:
+            client.put("unread", b"v" * 100)
+            client.put("unread-too", b"w" * 100)
+        target = next(i for i in (1, 2, 3) if i != leader)
+        with cluster.client(leader) as client:
+            client.call("cluster_transfer_leader", target)
+        deadline = time.monotonic() + 10
+        while cluster.wait_for_leader() != target and time.monotonic() < deadline:
+            time.sleep(0.05)
+        changed_at = time.monotonic()
+        with cluster.client(target) as client:
+            with pytest.raises(MooncakedError) as info:
+                client.remove("unread")  # never read, but the new leader cannot know that
+            assert info.value.code == ErrorCode.OBJECT_HAS_LEASE
+            assert time.monotonic() - changed_at < ttl_s
+            time.sleep(max(0.0, changed_at + ttl_s + 0.5 - time.monotonic()))
+            client.remove("unread")  # the floor has passed
+            assert client.exists("unread") is False
+            assert client.get("unread-too") == b"w" * 100
+    finally:
+        cluster.close()
