@@ -27,7 +27,7 @@ done
 # Wait for an elected leader that every node knows.
 for _ in $(seq 100); do
     if "$repo/.venv/bin/mooncakectl" -a 127.0.0.1:50051 -o json cluster status 2>/dev/null \
-            | "$python" -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s["leader"] and s["registered"] else 1)'; then
+            | "$python" -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s["leader"] and s["registered"] else 1)' 2>/dev/null; then
         "$repo/.venv/bin/mooncakectl" -a 127.0.0.1:50051 cluster members
         exit 0
     fi
