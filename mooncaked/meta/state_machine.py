@@ -277,8 +277,12 @@ class StateMachine:
             raise MooncakedError(ErrorCode.REPLICA_IS_NOT_READY, "the object is being written")
         removed = entry.complete
         self._defer(removed.replicas, cmd.release_at_ms)
-        if entry.pending is not None:  # an upsert in flight: its write loses its key too
-            self._drop_pending(cmd.object_key, entry)
+        if entry.pending is not None:
+            # An upsert in flight loses its key too. Its writer may still be copying into its
+            # ranges, so they are reused only after the release timeout, as when preempted.
+            self._defer(entry.pending.replicas,
+                        entry.pending.started_ms + self.release_timeout_ms)
+            del self.pending_order[cmd.object_key]
         del self.objects[cmd.object_key]
         return removed
 
