@@ -75,7 +75,7 @@ def test_replicas_land_on_distinct_nodes_and_a_get_survives_one_of_them(cluster)
     with cluster.client(leader) as client:
         assert client.put("two", value_of(300_000, 7), ReplicateConfig(
             replica_num=2, preferred_segments=[f"node{a}/0", f"node{b}/0"])) is True
-        stat = client.call("object_stat", "two")
+        stat = client.call("object_stat", "two")  # at the leader: applied before the ack
     assert sorted(r["segment_id"] >> 16 for r in stat["replicas"]) == sorted([a, b])
     cluster.nodes[a].kill()  # abruptly: still mounted, its replica unreachable
     with cluster.client(leader) as client:
@@ -223,12 +223,15 @@ def test_local_first_places_the_replica_on_the_receiving_node():
     cluster = Cluster(3, store={"allocation_strategy": "local_first"})
     try:
         cluster.start()
+        leader = cluster.wait_for_leader()
         for node_id in (1, 2, 3):
-            with cluster.client(node_id) as client:
+            with cluster.client(node_id) as client, cluster.client(leader) as at_leader:
                 for i in range(5):
                     key = f"local{node_id}-{i}"
                     client.put(key, value_of(2000, i))
-                    stat = client.call("object_stat", key)
+                    # The leader has applied the put before it was acknowledged; another
+                    # node's applied copy may lag a moment behind.
+                    stat = at_leader.call("object_stat", key)
                     assert [r["segment_id"] >> 16 for r in stat["replicas"]] == [node_id]
     finally:
         cluster.close()

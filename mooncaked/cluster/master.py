@@ -86,6 +86,14 @@ class ReplicatedMaster(Master):
         for key in keys:
             await self._settled(key)
         await self.raft.read_barrier()
+        # A command that may end a key's version can have been proposed while the barrier
+        # was out: its free deadline did not count the lease this read would grant. Read
+        # after it instead (it is committed by then, so reading later stays linearizable).
+        while True:
+            pending = next((key for key in keys if key in self._ending), None)
+            if pending is None:
+                break
+            await self._settled(pending)
         now = self.now_ms()
         return [Master.get(self, key, now) for key in keys]
 
@@ -115,8 +123,11 @@ class ReplicatedMaster(Master):
         self.access.pop(key, None)
         self.access[key] = now
 
-    async def put_revoke_async(self, key: c.ObjectKey, writer_id: int) -> None:
-        await self._propose(c.PutRevoke(key, writer_id))
+    async def put_revoke_async(self, key: c.ObjectKey, writer_id: int,
+                               hold_ms: int = 0) -> None:
+        """hold_ms: keep the ranges this long (a replica write may still be in flight)."""
+        release_at = self.now_ms() + hold_ms if hold_ms else 0
+        await self._propose(c.PutRevoke(key, writer_id, release_at))
 
     async def remove_async(self, key: c.ObjectKey, force: bool) -> None:
         now = self.now_ms()

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from mooncaked.cluster.master import ReplicatedMaster
-from mooncaked.cluster.peer_transport import PeerLink, PeerServer
+from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized_bytearray
 from mooncaked.cluster.raft_node import RaftNode
 from mooncaked.config import parse_members
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -62,6 +62,18 @@ def config_from_wire(value) -> ReplicateConfig:
     return ReplicateConfig(replica_num, tuple(preferred), soft_pin_ttl_ms, hard_pin)
 
 
+def _int_params(params: list, count: int, shape: str) -> list:
+    """A replica request's params: exactly `count` ints, else INVALID_PARAMS."""
+    if len(params) != count or any(type(p) is not int for p in params):
+        raise MooncakedError(ErrorCode.INVALID_PARAMS, f"takes {shape}")
+    return params
+
+
+# Forwarded methods that change nothing: asked again of a new leader when the old one is
+# replaced while it holds them.
+READ_ONLY_METHODS = frozenset({"read"})
+
+
 class ClusterService:
     def __init__(self, daemon, join_address: str = "") -> None:
         self.daemon = daemon
@@ -73,7 +85,7 @@ class ClusterService:
         self.addresses: dict[int, str] = dict(self.members_config)  # node id -> peer host:port
         self.rpc_timeout_s = cc.rpc_timeout_ms / 1000
         self.peer_server = PeerServer(self._on_hello, self._on_raft, self._on_request,
-                                      config.server.max_payload_bytes)
+                                      config.server.max_payload_bytes, self._payload_target)
         self._control: dict[int, PeerLink] = {}
         self._data: dict[int, list[PeerLink]] = {}
         self._data_turn = 0
@@ -88,6 +100,11 @@ class ClusterService:
         self._duties: asyncio.TimerHandle | None = None
         self._sweeping = False
         self.leaving = False  # a clean stop announced: do not register again
+        self._known_leader = 0
+        self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
+        # Numbers the writer ids of this node's puts; a random start keeps them apart from an
+        # earlier incarnation's, whose late commands may still reach the log.
+        self.put_attempts = int.from_bytes(os.urandom(4), "little")
         self._leader_since = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
@@ -96,6 +113,7 @@ class ClusterService:
     # -- start and stop -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._leader_changed = asyncio.get_running_loop().create_future()
         cc = self.cluster_config
         port = await self.peer_server.start(cc.peer_host, cc.peer_port)
         host = cc.advertise_host or cc.peer_host
@@ -204,6 +222,10 @@ class ClusterService:
     # -- Raft hooks ---------------------------------------------------------------------------
 
     def _role_changed(self, role: Role, leader: int, term: int) -> None:
+        if leader != self._known_leader:
+            self._known_leader = leader
+            self._leader_changed.set_result(leader)
+            self._leader_changed = asyncio.get_running_loop().create_future()
         if role == Role.LEADER:
             self.master.become_leader()
             self._leader_since = time.monotonic()
@@ -214,12 +236,28 @@ class ClusterService:
             self._register_soon()
 
     def _applied(self, index: int, command, result) -> None:
-        if isinstance(command, c.NodeDown) and command.node_id == self.node_id:
-            log.warning("this node was declared down; registering its segments again")
+        if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment)):
+            self._check_own_segments()
+        if isinstance(command, c.NodeUp):
+            self.addresses[command.node_id] = command.peer_address
+            # It has just registered: its silence is counted from here, not from before it
+            # (re)started, or the leader declares it down again at once.
+            self.raft.last_contact[command.node_id] = time.monotonic()
+
+    def _check_own_segments(self) -> None:
+        """Register again when the log no longer mounts this node's current segments: it was
+        declared down, or a late NodeUp of an earlier incarnation dropped them. A registration
+        in flight ends only once its own commands are applied here (see _register)."""
+        if self.registered_term < 0 or self.leaving:
+            return
+        state = self.daemon.master.state
+        own = [c.segment_id_of(self.node_id, index, self.mount_generation)
+               for index in range(self.daemon.config.segments.count)]
+        if not all(segment_id in state.segments for segment_id in own):
+            log.warning("the log no longer mounts this node's segments (declared down); "
+                        "registering them again")
             self.registered_term = -1
             self._register_soon()
-        elif isinstance(command, c.NodeUp):
-            self.addresses[command.node_id] = command.peer_address
 
     def _conf_changed(self, change: ConfChange, conf_state) -> None:
         if change.context:
@@ -264,6 +302,16 @@ class ClusterService:
         while True:
             try:
                 await self.meta("register", [[self._command_to_wire(x) for x in commands]])
+                # Done once this node has applied its own registration too: until then it
+                # may still replay an older NodeDown of itself, which must not count as new.
+                own = [cmd.segment_id for cmd in commands[1:]]
+                state = daemon.master.state
+                deadline = time.monotonic() + self.rpc_timeout_s
+                while not all(segment_id in state.segments for segment_id in own):
+                    if time.monotonic() > deadline:
+                        raise MooncakedError(ErrorCode.RPC_TIMEOUT,
+                                             "the registration was not applied here in time")
+                    await asyncio.sleep(0.01)
                 self.registered_term = self.raft.core.term
                 log.info("registered %d segment(s) with the cluster", segments.count)
                 return
@@ -361,13 +409,27 @@ class ClusterService:
 
     async def meta(self, method: str, params: list) -> Any:
         """Run a metadata operation on the leader: here, or forwarded to it."""
-        leader = await self.leader_id()
-        if leader == self.node_id:
-            return await self._leader_meta(method, params)
-        self.stats["forwarded"] += 1
-        result, _ = await self.control(leader).call("meta", [method, params],
-                                                    timeout_s=self.rpc_timeout_s)
-        return result
+        while True:
+            leader = await self.leader_id()
+            if leader == self.node_id:
+                return await self._leader_meta(method, params)
+            self.stats["forwarded"] += 1
+            call = asyncio.ensure_future(self.control(leader).call(
+                "meta", [method, params], timeout_s=self.rpc_timeout_s))
+            changed = self._leader_changed
+            await asyncio.wait([call, changed], return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                result, _ = call.result()
+                return result
+            # A new leader is known while the old one still holds the request (paused, cut
+            # off): do not wait out the RPC timeout. A read is asked again of the new leader;
+            # a mutation may or may not have reached the old one's log.
+            call.cancel()
+            call.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if method not in READ_ONLY_METHODS:
+                raise MooncakedError(ErrorCode.OUTCOME_UNKNOWN,
+                                     f"node {leader} stopped being the leader while it held "
+                                     f"the request; it may or may not take effect")
 
     async def _leader_meta(self, method: str, params: list) -> Any:
         if self.raft.role != Role.LEADER:
@@ -384,8 +446,8 @@ class ClusterService:
             await master.put_end_async(tuple(key), writer_id)
             return 0
         if method == "put_revoke":
-            key, writer_id = params
-            await master.put_revoke_async(tuple(key), writer_id)
+            key, writer_id, hold_ms = params
+            await master.put_revoke_async(tuple(key), writer_id, hold_ms)
             return 0
         if method == "read":
             versions = await master.read([tuple(key) for key in params[0]])
@@ -464,14 +526,16 @@ class ClusterService:
                        if c.node_of_segment(s.segment_id) != away_from)
         if not others:
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE, "no other node has segments")
-        writer_id = (self.node_id << 40) | (1 << 39) | (hash(key) & 0xFFFFFFFF)
+        self.put_attempts += 1
+        writer_id = (self.node_id << 40) | (self.put_attempts & ((1 << 40) - 1))
         replicas = await self.master.put_start_async(
             key, version.size_bytes, ReplicateConfig(1, others), True, writer_id)
         replicas = [r for r in replicas if c.node_of_segment(r.segment_id) != away_from]
         try:
             await self.write_replicas(replicas, payload)
         except MooncakedError:
-            await self.master.put_revoke_async(key, writer_id)
+            await self.master.put_revoke_async(key, writer_id,
+                                               2 * self.cluster_config.rpc_timeout_ms)
             raise
         await self.master.put_end_async(key, writer_id)
 
@@ -487,23 +551,41 @@ class ClusterService:
                 return await self.meta(params[0], params[1]), None
             return await self._leader_meta(params[0], params[1]), None
         if method == "write_replica":
-            segment_id, offset = params
-            self._local_view(segment_id, offset, len(payload or b""))[:] = payload
-            self.stats["replica_bytes_received"] += len(payload or b"")
+            segment_id, offset = _int_params(params, 2, "[segment_id, offset]")
+            size = len(payload) if payload is not None else 0
+            # A memoryview is the segment range _payload_target handed out, which the peer
+            # server has already received the bytes into; anything else is copied in.
+            if type(payload) is not memoryview:
+                self._local_view(segment_id, offset, size)[:] = payload or b""
+            self.stats["replica_bytes_received"] += size
             return 0, None
         if method == "read_replica":
-            segment_id, offset, size = params
+            segment_id, offset, size = _int_params(params, 3, "[segment_id, offset, size]")
+            # Sent from the segment itself (the peer transport sends it read-only, no copy).
             return size, [self._local_view(segment_id, offset, size)]
         if method == "status":
             return self.status(), None
         raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no peer method {method!r}")
+
+    def _payload_target(self, method: str, params: list, length: int) -> memoryview | None:
+        """Where the peer server receives a request's payload: a write_replica's goes straight
+        into its segment range, checked before the bytes arrive (a refusal is answered and the
+        payload dropped). Other requests' payloads get a buffer of their own (None)."""
+        if method != "write_replica":
+            return None
+        segment_id, offset = _int_params(params, 2, "[segment_id, offset]")
+        return self._local_view(segment_id, offset, length)
 
     def _local_view(self, segment_id: int, offset: int, size: int) -> memoryview:
         """A range of one of this node's segments; refused unless the log says it is ours."""
         memory = self.daemon.own_memory(segment_id)
         # Until this run of the daemon has registered (NodeUp drops what the log says its
         # segments held), the log may still list replicas in memory that a restart emptied.
-        if memory is None or self.registered_term < 0 \
+        # A segment id names the mount generation too: ids of an earlier registration (before
+        # a restart, or before this node was declared down) are refused, so a late request
+        # never touches memory that was handed out again since.
+        generation = (segment_id >> c.SEGMENT_SLOT_BITS) & 0xFF
+        if memory is None or self.registered_term < 0 or generation != self.mount_generation \
                 or segment_id not in self.daemon.master.state.segments:
             raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND,
                                  f"segment {segment_id} is not mounted on node {self.node_id}")
@@ -570,27 +652,30 @@ class ClusterService:
                              f"no replica could be read: {last_error.message if last_error else ''}")
 
     async def _fetch(self, node: int, replica: Replica, size: int):
+        """One remote replica's bytes, received straight into one new buffer.
+
+        Each stripe's response lands in its own slice of the buffer (call(into=...)), so
+        nothing is reassembled. A new buffer per attempt: after a failed stripe the others may
+        still be writing into the old one. Left uninitialised (no zero-fill pass): it is
+        returned only once every stripe has been received in full. Returned read-only, so the
+        client connection's transport sends it by reference instead of copying what the socket
+        does not take at once.
+        """
+        if size == 0:
+            return b""
         stripe = self.cluster_config.stripe_bytes
-        if size <= stripe:
-            _, payload = await self.data_link(node).call(
-                "read_replica", [replica.segment_id, replica.offset, size],
-                timeout_s=self.rpc_timeout_s)
-            if payload is None or len(payload) != size:
-                raise MooncakedError(ErrorCode.TRANSFER_FAIL, "short replica read")
-            return payload
+        value = memoryview(uninitialized_bytearray(size))
         count = min(self.cluster_config.data_connections, -(-size // stripe))
         piece = -(-size // count)
-        starts = list(range(0, size, piece))
-        parts = await asyncio.gather(*(self.data_link(node).call(
-            "read_replica", [replica.segment_id, replica.offset + start,
-                             min(piece, size - start)], timeout_s=self.rpc_timeout_s)
-            for start in starts))
-        value = bytearray(size)
-        for start, (_, payload) in zip(starts, parts):
-            if payload is None or len(payload) != min(piece, size - start):
+        parts = [value[start:start + piece] for start in range(0, size, piece)]
+        offsets = range(replica.offset, replica.offset + size, piece)
+        answers = await asyncio.gather(*(self.data_link(node).call(
+            "read_replica", [replica.segment_id, offset, len(part)],
+            timeout_s=self.rpc_timeout_s, into=part) for offset, part in zip(offsets, parts)))
+        for part, (_, payload) in zip(parts, answers):
+            if payload is not part:  # the peer sent another length (or none): not our bytes
                 raise MooncakedError(ErrorCode.TRANSFER_FAIL, "short replica read")
-            value[start:start + len(payload)] = payload
-        return value
+        return value.toreadonly()
 
     # -- reports ------------------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
+from mooncaked.cluster.peer_transport import uninitialized_bytearray
 from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
 from mooncaked.daemon.connection import Incoming, Reply
@@ -28,8 +30,14 @@ _ZERO = Reply(0)
 
 
 def _writer_id(conn) -> int:
-    # Unique in the cluster: the node's id above this node's connection counter.
-    return (conn.daemon.cluster.node_id << 40) | conn.connection_id
+    """A new writer id for each put attempt, unique in the cluster (node id above a counter).
+
+    Per attempt, not per connection: an earlier attempt's PutEnd or PutRevoke that timed out
+    but still reaches the log must not end the next attempt's version of the key.
+    """
+    service = conn.daemon.cluster
+    service.put_attempts += 1
+    return (service.node_id << 40) | (service.put_attempts & ((1 << 40) - 1))
 
 
 def _placement(conn, config: ReplicateConfig) -> ReplicateConfig:
@@ -53,9 +61,9 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
     may be gone but not yet declared down), up to PUT_ATTEMPTS times.
     """
     service = conn.daemon.cluster
-    writer = _writer_id(conn)
     wire_config = config_to_wire(_placement(conn, config))
     for attempt in range(PUT_ATTEMPTS):
+        writer = _writer_id(conn)
         try:
             replicas = replicas_from_wire(await service.meta(
                 "put_start", [list(key), len(value), wire_config, upsert, writer]))
@@ -65,7 +73,9 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
             await service.write_replicas(replicas, value)
         except MooncakedError as exc:
             try:
-                await service.meta("put_revoke", [list(key), writer])
+                # Its ranges are held past any replica write still in flight.
+                await service.meta("put_revoke", [list(key), writer,
+                                                  2 * service.cluster_config.rpc_timeout_ms])
             except MooncakedError:
                 return exc  # the put is revoked by its timeout instead
             if attempt + 1 == PUT_ATTEMPTS:
@@ -84,7 +94,7 @@ def _put(conn, params: list, payload_length: int, upsert: bool):
     config = single._replicate_config(conn, single._optional(params, 1, None))
     if payload_length == 0:
         raise single._invalid("a value must have at least 1 byte")
-    value = bytearray(payload_length)
+    value = uninitialized_bytearray(payload_length)  # the payload fills it all before use
 
     async def complete() -> Reply:
         error = await _store_value(conn, key, value, config, upsert)
@@ -134,6 +144,14 @@ async def _read(conn, keys) -> list:
     return await conn.daemon.cluster.meta("read", [[list(key) for key in keys]])
 
 
+def _check_lease(conn, started: float) -> None:
+    """Bytes read after the read lease ended may be another object's by now (the leader frees
+    and reuses a range once no lease covers it): they are not returned."""
+    if time.monotonic() - started >= conn.daemon.config.store.lease_ttl_ms / 1000:
+        raise MooncakedError(ErrorCode.TRANSFER_FAIL,
+                             "reading the replica took longer than the read lease")
+
+
 async def _value_of(conn, version):
     size, locations = version
     replicas = [Replica(segment_id, offset, 0) for segment_id, offset in locations]
@@ -145,10 +163,13 @@ def handle_get(conn, params: list, payload_length: int):
     key = single._key(conn, params[0])
 
     async def run() -> Reply:
+        started = time.monotonic()  # the lease starts later, when the leader grants it
         (version,) = await _read(conn, [key])
         if version is None:
             raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
-        return Reply(version[0], [await _value_of(conn, version)])
+        value = await _value_of(conn, version)
+        _check_lease(conn, started)
+        return Reply(version[0], [value])
     return run()
 
 
@@ -179,9 +200,11 @@ def handle_batch_get(conn, params: list, payload_length: int):
     keys = single._keys(conn, params[0])
 
     async def run() -> Reply:
+        started = time.monotonic()
         versions = await _read(conn, keys)
         present = [v for v in versions if v is not None]
         values = await asyncio.gather(*(_value_of(conn, v) for v in present))
+        _check_lease(conn, started)
         results = [int(ErrorCode.OBJECT_NOT_FOUND) if v is None else v[0] for v in versions]
         return Reply(results, list(values))
     return run()

@@ -76,6 +76,9 @@ class PutEnd:
 class PutRevoke:
     object_key: ObjectKey
     writer_id: int
+    # 0: the ranges are free at once. Else reused only after this: a replica write that timed
+    # out may still land (a stalled node), and must not land in another object's range.
+    release_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

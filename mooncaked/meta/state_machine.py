@@ -258,6 +258,13 @@ class StateMachine:
 
     def _put_revoke(self, cmd: c.PutRevoke) -> None:
         entry = self._owned_pending(cmd.object_key, cmd.writer_id)
+        if cmd.release_at_ms:
+            self._defer(entry.pending.replicas, cmd.release_at_ms)
+            entry.pending = None
+            del self.pending_order[cmd.object_key]
+            if entry.complete is None:
+                del self.objects[cmd.object_key]
+            return
         self._drop_pending(cmd.object_key, entry)
 
     def _drop_pending(self, key: c.ObjectKey, entry: ObjectEntry) -> None:
