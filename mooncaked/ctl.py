@@ -359,7 +359,11 @@ def _node_command(settings: Settings, method: str, params: list, node_id: int) -
 @click.argument("peer_address")
 @click.pass_obj
 def cluster_add(settings: Settings, node_id: int, peer_address: str) -> None:
-    """Add node NODE_ID, whose peer listener is PEER_ADDRESS (host:port), as a learner."""
+    """Add node NODE_ID, whose peer listener is PEER_ADDRESS (host:port), as a learner.
+
+    Start that node with `--join` (or [cluster] join) naming any member: it finds itself a
+    member and catches up, and is promoted to voter once it has. (A node started with
+    `--join` alone adds itself the same way.)"""
     _node_command(settings, "cluster_add", [node_id, peer_address], node_id)
 
 

@@ -64,9 +64,14 @@ class Cluster:
         self.wait_for_leader()
         return self
 
-    def add_node(self, node_id: int, join_via: int) -> DaemonProcess:
-        """Start a new node that joins through `join_via`'s peer listener."""
+    def add_node(self, node_id: int, join_via: int, before_start=None) -> DaemonProcess:
+        """Start a new node that joins through `join_via`'s peer listener.
+
+        before_start(peer_address) runs once the node's address is chosen (e.g. an operator's
+        `mooncakectl cluster add`)."""
         self.peer_ports[node_id] = free_port_on(peer_host(node_id))
+        if before_start is not None:
+            before_start(f"{peer_host(node_id)}:{self.peer_ports[node_id]}")
         node = self._make(node_id, "")
         node.extra_args = ["--join", f"{peer_host(join_via)}:{self.peer_ports[join_via]}"]
         self.nodes[node_id] = node

@@ -147,7 +147,13 @@ def test_ctl_cluster_status_members_and_transfer_leader(cluster):
 def test_a_fourth_node_joins_as_learner_and_becomes_voter_then_is_drained(cluster):
     with cluster.client(1) as client:
         client.put("before", b"x" * 5000)
-    cluster.add_node(4, join_via=2)
+    def operator_adds(peer_address: str) -> None:
+        out = ctl(cluster.nodes[3], "-o", "json", "cluster", "add", "4", peer_address)
+        assert out.returncode == 0, out.stderr
+        leader = cluster.wait_for_leader()  # it applied the change before answering
+        assert 4 in cluster.status(leader)["learners"]  # a learner until it has caught up
+
+    cluster.add_node(4, join_via=2, before_start=operator_adds)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         status = cluster.status(4)
