@@ -159,18 +159,10 @@ class ReplicatedMaster(Master):
 
     # -- eviction and expiry ------------------------------------------------------------------
 
-    def _expiry_due(self, now_ms: int) -> bool:
-        state = self.state
-        if state.pending_order:
-            oldest = next(iter(state.pending_order.values()))
-            if oldest <= now_ms - state.release_timeout_ms:
-                return True
-        return bool(state._deferred) and state._deferred[0][0] <= now_ms
-
     async def sweep(self) -> None:
         """The leader's periodic sweep: deadlines, then eviction above the high watermark."""
         now = self.now_ms()
-        if self._expiry_due(now):
+        if self.state.expiry_due(now):
             await self._propose(c.ReleaseExpired(now))
         await self.evict_async(now)
 

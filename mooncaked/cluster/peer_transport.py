@@ -32,13 +32,12 @@ from typing import Any, Awaitable, Callable
 
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
+from mooncaked.proto.scratch import ScratchBuffer
 
 log = logging.getLogger(__name__)
 
 MAX_PEER_HEADER_BYTES = 64 << 20  # a Raft APPEND batch or a snapshot travels in the header
 WRITE_HIGH_WATER_BYTES = 16 << 20  # a link buffering more than this drops Raft messages
-SCRATCH_BYTES = 64 * 1024  # headers and small frames; grows for a large header, then shrinks
-DISCARD_BYTES = 64 * 1024  # receives payloads nobody wants (a refused or timed-out one)
 INLINE_PAYLOAD_BYTES = 64 * 1024  # smaller payloads are joined to their header in one write
 
 _HELLO_OK = [framing.NOTIFICATION, "peer_hello_ok", []]
@@ -96,7 +95,7 @@ def write_frame(transport: asyncio.Transport, head: bytes, payload: list | None)
         transport.write(_frozen(piece))
 
 
-class _FrameReceiver(asyncio.BufferedProtocol):
+class _FrameReceiver(ScratchBuffer, asyncio.BufferedProtocol):
     """Cuts the byte stream into frames; each payload lands in the buffer chosen for it.
 
     A subclass's `_on_header(header, payload_length)` returns (target, finish): target is a
@@ -108,15 +107,11 @@ class _FrameReceiver(asyncio.BufferedProtocol):
     def __init__(self, max_payload_bytes: int) -> None:
         self.transport: asyncio.Transport | None = None
         self._max_payload_bytes = max_payload_bytes
-        self._scratch = bytearray(SCRATCH_BYTES)
-        self._scratch_view = memoryview(self._scratch)
-        self._start = 0  # unconsumed bytes are scratch[_start:_end]
-        self._end = 0
+        self._init_scratch()  # headers and small frames (64 KiB; grows for a large header)
         self._target: memoryview | None = None  # the current payload's destination
         self._finish: Callable[[], None] | None = None
         self._filled = 0  # bytes of the current payload received
         self._remaining = 0  # bytes of the current payload still to come; 0: between frames
-        self._discard: memoryview | None = None
         self._failed = False
 
     def connection_made(self, transport) -> None:
@@ -195,11 +190,7 @@ class _FrameReceiver(asyncio.BufferedProtocol):
             self._filled, self._remaining = 0, payload_length
             if not payload_length:
                 self._payload_done()
-        if self._start == self._end:
-            self._start = self._end = 0
-            if len(self._scratch) > SCRATCH_BYTES:  # a large header is gone: shrink back
-                self._scratch = bytearray(SCRATCH_BYTES)
-                self._scratch_view = memoryview(self._scratch)
+        self._reset_if_consumed()
 
     def _payload_done(self) -> None:
         finish, self._finish, self._target = self._finish, None, None
@@ -216,29 +207,6 @@ class _FrameReceiver(asyncio.BufferedProtocol):
 
     def _frame_error(self, exc: MooncakedError) -> None:
         raise NotImplementedError
-
-    # -- buffers (as daemon/connection.py) ----------------------------------------------------
-
-    def _compact(self) -> None:
-        unconsumed = self._end - self._start
-        if self._start:
-            self._scratch[:unconsumed] = self._scratch[self._start:self._end]
-            self._start, self._end = 0, unconsumed
-
-    def _grow(self, size: int) -> None:
-        # A new buffer, not a resize: the loop may still hold a view of the old one.
-        unconsumed = self._end - self._start
-        bigger = bytearray(size)
-        bigger[:unconsumed] = self._scratch_view[self._start:self._end]
-        self._scratch = bigger
-        self._scratch_view = memoryview(bigger)
-        self._start, self._end = 0, unconsumed
-
-    def _discard_view(self) -> memoryview:
-        if self._discard is None:
-            self._discard = memoryview(bytearray(DISCARD_BYTES))
-        return self._discard
-
 
 class _LinkProtocol(_FrameReceiver):
     """The receiving half of one PeerLink connection: responses, matched to waiting calls."""

@@ -67,8 +67,9 @@ class RaftNode:
         self.snapshot_index = recovered.snapshot.meta.index if recovered.snapshot else 0
         self.applied_index = self.snapshot_index
         self.applied_term = recovered.snapshot.meta.term if recovered.snapshot else 0
-        # index -> (term, future) of proposals made here and not yet applied or dropped.
-        self._proposals: dict[int, tuple[int, asyncio.Future]] = {}
+        # index -> (term, future, monotonic s proposed) of proposals made here and not yet
+        # applied or dropped.
+        self._proposals: dict[int, tuple[int, asyncio.Future, float]] = {}
         self._reads_unsent: list[asyncio.Future] = []
         self._reads_sent: dict[bytes, list[asyncio.Future]] = {}
         self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
@@ -260,7 +261,7 @@ class RaftNode:
         waiter = None
         proposed = self._proposals.pop(entry.index, None)
         if proposed is not None:
-            term, waiter = proposed
+            term, waiter, _ = proposed
             if term != entry.term:  # another leader's entry took this index: ours is gone
                 if not waiter.done():
                     waiter.set_exception(MooncakedError(
@@ -297,7 +298,7 @@ class RaftNode:
         self.snapshot_index = self.applied_index = snapshot.meta.index
         self.applied_term = snapshot.meta.term
         for index in [i for i in self._proposals if i <= snapshot.meta.index]:
-            _, waiter = self._proposals.pop(index)
+            _, waiter, _ = self._proposals.pop(index)
             if not waiter.done():
                 waiter.set_exception(MooncakedError(
                     ErrorCode.OUTCOME_UNKNOWN, "replaced by a snapshot before it was applied"))
@@ -337,8 +338,7 @@ class RaftNode:
             waiter.set_exception(MooncakedError(ErrorCode.NO_LEADER, f"not accepted: {exc}"))
             return waiter
         self.stats["proposals"] += 1
-        self._proposals[index] = (self.core.term, waiter)
-        waiter.proposed_at = time.monotonic()
+        self._proposals[index] = (self.core.term, waiter, time.monotonic())
         self._schedule()
         return waiter
 
@@ -346,8 +346,8 @@ class RaftNode:
         if not self._proposals or self.role == Role.LEADER:
             return
         deadline = time.monotonic() - self.proposal_timeout_ms / 1000
-        for index, (_, waiter) in list(self._proposals.items()):
-            if waiter.proposed_at < deadline:
+        for index, (_, waiter, proposed_at) in list(self._proposals.items()):
+            if proposed_at < deadline:
                 del self._proposals[index]
                 if not waiter.done():
                     waiter.set_exception(MooncakedError(
@@ -356,7 +356,7 @@ class RaftNode:
 
     def _fail_all(self, error: MooncakedError) -> None:
         proposals, self._proposals = self._proposals, {}
-        for _, waiter in proposals.values():
+        for _, waiter, _ in proposals.values():
             if not waiter.done():
                 waiter.set_exception(error)
         self._fail_reads(error)

@@ -28,6 +28,7 @@ from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized
 from mooncaked.cluster.raft_node import RaftNode
 from mooncaked.config import parse_members
 from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica, Version
@@ -213,7 +214,7 @@ class ClusterService:
         return self.control(to).send_raft(data)
 
     def _on_hello(self, node_id: int, address: str) -> None:
-        if node_id and address and self.addresses.get(node_id) != address:
+        if node_id and address:
             self.addresses[node_id] = address
 
     def _on_raft(self, data: bytes) -> None:
@@ -228,8 +229,7 @@ class ClusterService:
             self._leader_changed = asyncio.get_running_loop().create_future()
         if role == Role.LEADER:
             self.master.become_leader()
-            self._leader_since = time.monotonic()
-            now = time.monotonic()
+            self._leader_since = now = time.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
         if leader and self.registered_term < 0:
@@ -268,13 +268,9 @@ class ClusterService:
             log.warning("this node was removed from the cluster")
 
     def _snapshot_restored(self) -> None:
-        state = self.daemon.master.state
-        for node in state.nodes.values():
+        for node in self.daemon.master.state.nodes.values():
             self.addresses[node.node_id] = node.peer_address
-        own = [s for s in state.segments if c.node_of_segment(s) == self.node_id]
-        if self.registered_term >= 0 and not own:
-            self.registered_term = -1
-            self._register_soon()
+        self._check_own_segments()
 
     # -- registration -------------------------------------------------------------------------
 
@@ -301,7 +297,7 @@ class ClusterService:
                 segments.max_allocations))
         while True:
             try:
-                await self.meta("register", [[self._command_to_wire(x) for x in commands]])
+                await self.meta("register", [[command_codec.encode(x) for x in commands]])
                 # Done once this node has applied its own registration too: until then it
                 # may still replay an older NodeDown of itself, which must not count as new.
                 own = [cmd.segment_id for cmd in commands[1:]]
@@ -318,11 +314,6 @@ class ClusterService:
             except MooncakedError as exc:
                 log.info("registration: %s; retrying", exc.message)
                 await asyncio.sleep(self.cluster_config.tick_ms * 2 / 1000)
-
-    @staticmethod
-    def _command_to_wire(command) -> bytes:
-        from mooncaked.meta import codec as command_codec
-        return command_codec.encode(command)
 
     async def _join(self) -> None:
         """Ask the cluster (through any member) to add this node as a learner."""
@@ -461,7 +452,6 @@ class ClusterService:
             compiled = re.compile(pattern) if pattern is not None else None
             return await master.remove_matching_async(namespace, compiled, force)
         if method == "register":
-            from mooncaked.meta import codec as command_codec
             for data in params[0]:
                 command = command_codec.decode(data)
                 try:

@@ -25,11 +25,10 @@ from typing import Any, Callable
 
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
 from mooncaked.proto import framing
+from mooncaked.proto.scratch import ScratchBuffer
 
 log = logging.getLogger(__name__)
 
-SCRATCH_BYTES = 256 * 1024
-DISCARD_BYTES = 256 * 1024
 INLINE_PAYLOAD_BYTES = 64 * 1024  # smaller response payloads are joined to their header
 
 
@@ -51,7 +50,10 @@ class Incoming:
         self.abort = abort
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection(ScratchBuffer, asyncio.BufferedProtocol):
+    scratch_bytes = 256 * 1024  # headers, and small requests whole
+    discard_bytes = 256 * 1024
+
     def __init__(self, daemon, transport_kind: str) -> None:
         self.daemon = daemon
         self.transport_kind = transport_kind  # "tcp" or "unix"
@@ -61,10 +63,7 @@ class Connection(asyncio.BufferedProtocol):
         self.client_name = ""
         # Unfinished shared-memory puts: object key -> (replicas, size_bytes).
         self.puts_in_progress: dict = {}
-        self._scratch = bytearray(SCRATCH_BYTES)
-        self._scratch_view = memoryview(self._scratch)
-        self._start = 0  # unconsumed bytes are scratch[_start:_end]
-        self._end = 0
+        self._init_scratch()
         # The request whose payload is being received.
         self._incoming: Incoming | None = None
         self._incoming_msgid = 0
@@ -73,7 +72,6 @@ class Connection(asyncio.BufferedProtocol):
         self._target_index = 0
         self._target_offset = 0
         self._target_sizes: list[int] = []
-        self._discard: memoryview | None = None
         self._closing = False
         self._awaiting: asyncio.Task | None = None  # a coroutine handler still running
 
@@ -155,11 +153,7 @@ class Connection(asyncio.BufferedProtocol):
             self._start += frame_head
             msgid, method, params = framing.parse_request(header)
             self._dispatch(msgid, method, params, payload_length)
-        if self._start == self._end:
-            self._start = self._end = 0
-            if len(self._scratch) > SCRATCH_BYTES:  # a large header is gone: shrink back
-                self._scratch = bytearray(SCRATCH_BYTES)
-                self._scratch_view = memoryview(self._scratch)
+        self._reset_if_consumed()
 
     def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
         started_ns = time.perf_counter_ns()
@@ -334,28 +328,3 @@ class Connection(asyncio.BufferedProtocol):
         self._closing = True
         if self.transport is not None:
             self.transport.abort()
-
-    # -- buffers ----------------------------------------------------------------------------
-
-    def _compact(self) -> None:
-        unconsumed = self._end - self._start
-        if self._start:
-            self._scratch[:unconsumed] = self._scratch[self._start:self._end]
-            self._start, self._end = 0, unconsumed
-
-    def _grow(self, size: int) -> None:
-        """Make the scratch buffer hold a header of `size` bytes (bounded by the frame check).
-
-        A new buffer, not a resize: asyncio may still hold a view of the old one.
-        """
-        unconsumed = self._end - self._start
-        bigger = bytearray(size)
-        bigger[:unconsumed] = self._scratch_view[self._start:self._end]
-        self._scratch = bigger
-        self._scratch_view = memoryview(bigger)
-        self._start, self._end = 0, unconsumed
-
-    def _discard_view(self) -> memoryview:
-        if self._discard is None:
-            self._discard = memoryview(bytearray(DISCARD_BYTES))
-        return self._discard

@@ -344,6 +344,15 @@ class StateMachine:
 
     # -- queries ----------------------------------------------------------------------------
 
+    def expiry_due(self, now_ms: int) -> bool:
+        """Whether ReleaseExpired(now_ms) would free something (a sweep with nothing to do
+        need not go through the log)."""
+        if self.pending_order:
+            oldest = next(iter(self.pending_order.values()))
+            if oldest <= now_ms - self.release_timeout_ms:
+                return True
+        return bool(self._deferred) and self._deferred[0][0] <= now_ms
+
     def readable(self, key: c.ObjectKey) -> Version | None:
         entry = self.objects.get(key)
         return entry.complete if entry is not None else None

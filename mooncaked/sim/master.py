@@ -231,7 +231,7 @@ class SimMaster(ReplicatedMaster):
 
     def _sweep(self) -> None:
         now = self.now_ms()
-        if self._expiry_due(now):
+        if self.state.expiry_due(now):
             def swept(result, before) -> None:
                 if isinstance(result, MooncakedError):
                     self._finish_duties()
