@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import time
 from typing import Sequence
 
-from mooncaked.client import calls
-from mooncaked.client.blocking import parse_address, raw_buffer
+from mooncaked.client import calls, operations
+from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
@@ -89,9 +88,22 @@ class _ClientProtocol(asyncio.Protocol):
         try:
             if error is not None:
                 framing.raise_error(error)
-            future.set_result(call.parse(result, payload))
+            if call.receive_into is not None:
+                future.set_result(_copy_into(call.receive_into, payload))
+            else:
+                future.set_result(call.parse(result, payload))
         except MooncakedError as exc:
             future.set_exception(exc)
+
+
+def _copy_into(target, payload: bytes) -> int:
+    """A `get` into a caller's buffer: the value's size; INVALID_PARAMS if it does not fit."""
+    view = memoryview(target).cast("B")
+    if len(payload) > len(view):
+        raise error_for(ErrorCode.INVALID_PARAMS,
+                        f"the value has {len(payload)} bytes, the buffer {len(view)}")
+    view[:len(payload)] = payload
+    return len(payload)
 
 
 class Client:
@@ -146,17 +158,36 @@ class Client:
     def lease_ttl_ms(self) -> int:
         return self.server.get("lease_ttl_ms", 0)
 
-    # -- values through the socket ----------------------------------------------------------
+    async def drive(self, operation: operations.Operation):
+        """Run an operation's requests (client/operations.py, shared with the blocking
+        client) on this connection; its result."""
+        try:
+            call = next(operation)
+            while True:
+                try:
+                    result = await self._run(call)
+                except MooncakedError as exc:
+                    call = operation.throw(exc)
+                else:
+                    call = operation.send(result)
+        except StopIteration as done:
+            return done.value
+
+    # -- values -----------------------------------------------------------------------------
 
     async def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
         """Store a value; False if the key already existed (its value is kept)."""
-        return await self._run(calls.put(key, value, config))
+        return await self.drive(operations.put(self, key, value, config))
 
     async def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
         await self._run(calls.upsert(key, value, config))
 
     async def get(self, key: str) -> bytes:
-        return await self._run(calls.get(key))
+        return await self.drive(operations.get(self, key))
+
+    async def get_into(self, key: str, buffer) -> int:
+        """Receive a value into a writable buffer through the socket; returns its size."""
+        return await self._run(calls.get(key, into=buffer))
 
     async def exists(self, key: str) -> bool:
         return await self._run(calls.exists(key))
@@ -193,40 +224,30 @@ class Client:
 
     async def put_from(self, key: str, address: int, size_bytes: int,
                        config: ReplicateConfig | None = None) -> bool:
-        if self.segments is None:
-            return await self.put(key, raw_buffer(address, size_bytes), config)
-        try:
-            segment_id, offset = await self._run(calls.put_start(key, size_bytes, config))
-        except MooncakedError as exc:
-            if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:
-                return False
-            raise
-        try:
-            self.segments.write(segment_id, offset, address, size_bytes)
-        except BaseException:
-            await self._run(calls.simple("put_revoke", key))
-            raise
-        await self._run(calls.simple("put_end", key))
-        return True
+        return await self.drive(operations.put_from(self, key, address, size_bytes, config))
 
     async def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
-        if self.segments is None:
-            value = await self.get(key)
-            if len(value) > size_bytes:
-                raise error_for(ErrorCode.INVALID_PARAMS,
-                                f"the value has {len(value)} bytes, the buffer {size_bytes}")
-            raw_buffer(address, len(value))[:] = value
-            return len(value)
-        started = time.monotonic()
-        segment_id, offset, value_size = await self._run(calls.simple("get_replica", key))
-        if value_size > size_bytes:
-            raise error_for(ErrorCode.INVALID_PARAMS,
-                            f"the value has {value_size} bytes, the buffer {size_bytes}")
-        self.segments.read(segment_id, offset, address, value_size)
-        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
-            raise error_for(ErrorCode.LEASE_EXPIRED,
-                            "the copy ended after the read lease; the bytes may be stale")
-        return value_size
+        return await self.drive(operations.get_into_address(self, key, address, size_bytes))
+
+    async def batch_put_from(self, keys: Sequence[str], addresses: Sequence[int],
+                             sizes: Sequence[int],
+                             config: ReplicateConfig | None = None) -> list[int]:
+        return await self.drive(operations.batch_put_from(self, keys, addresses, sizes, config))
+
+    async def batch_get_into(self, keys: Sequence[str], addresses: Sequence[int],
+                             sizes: Sequence[int]) -> list[int]:
+        return await self.drive(operations.batch_get_into(self, keys, addresses, sizes))
+
+    async def batch_put_from_ranges(self, keys: Sequence[str], sizes: Sequence[int],
+                                    ranges_per_key: Sequence[Sequence[operations.Range]],
+                                    config: ReplicateConfig | None = None) -> list[int]:
+        return await self.drive(operations.batch_put_from_ranges(self, keys, sizes,
+                                                                 ranges_per_key, config))
+
+    async def batch_get_into_ranges(
+            self, keys: Sequence[str],
+            ranges_per_key: Sequence[Sequence[operations.Range]]) -> list[int]:
+        return await self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key))
 
     # -- administration ---------------------------------------------------------------------
 

@@ -1,18 +1,19 @@
-"""The blocking client: one socket, one request at a time.
+"""The blocking client: one socket, one request at a time, for one thread.
 
 `BlockingClient.connect("unix:/run/mooncaked/mooncaked.sock")` or `("127.0.0.1:50051")`.
 Over the Unix socket it maps the daemon's segments, and the `*_from` / `*_into` calls move
 values by shared memory; over TCP the same calls send the bytes through the socket.
+Threads that share a client use `ClientPool` (client/pool.py), which holds several of these.
 """
 
 from __future__ import annotations
 
 import ctypes
+import select
 import socket
-import time
 from typing import Sequence
 
-from mooncaked.client import calls
+from mooncaked.client import calls, operations
 from mooncaked.client.calls import Call, ReplicateConfig
 from mooncaked._native import buffer_address, new_bytes
 from mooncaked.client.shared_memory import SharedSegments
@@ -20,7 +21,6 @@ from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
 
 INLINE_SEND_BYTES = 64 * 1024
-SHARED_PUT_MIN_BYTES = 64 * 1024  # local values at least this large go through shared memory
 READ_BUFFER_BYTES = 64 * 1024
 
 
@@ -69,6 +69,7 @@ class BlockingClient:
         self._end = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
+        self._owns_segments = True
 
     @classmethod
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
@@ -85,6 +86,32 @@ class BlockingClient:
             raise
         return client
 
+    def use_segments(self, segments: SharedSegments | None) -> None:
+        """Share a mapping of the daemon's segments that someone else owns (and closes)."""
+        self.segments = segments
+        self._owns_segments = False
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def peer_closed(self) -> bool:
+        """True when the daemon has closed this idle connection (it restarted or stopped):
+        a check before reuse, so a request is not sent into a dead socket."""
+        if self._sock is None:
+            return True
+        if self._end > self._start:
+            return False
+        # poll, not recv(MSG_DONTWAIT): a socket with a timeout waits for data before recv.
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def __enter__(self) -> "BlockingClient":
         return self
 
@@ -92,9 +119,9 @@ class BlockingClient:
         self.close()
 
     def close(self) -> None:
-        if self.segments is not None:
+        if self.segments is not None and self._owns_segments:
             self.segments.close()
-            self.segments = None
+        self.segments = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -198,31 +225,36 @@ class BlockingClient:
             framing.raise_error(error)
         return call.parse(result, payload)
 
-    # -- values through the socket ----------------------------------------------------------
+    # -- values ---------------------------------------------------------------------------
+    # Calls of more than one request are operations (client/operations.py), shared with the
+    # asyncio client; over the Unix socket they move bytes through shared memory.
+
+    def drive(self, operation: operations.Operation):
+        """Run an operation's requests on this connection; its result."""
+        try:
+            call = next(operation)
+            while True:
+                try:
+                    result = self._run(call)
+                except MooncakedError as exc:
+                    call = operation.throw(exc)
+                else:
+                    call = operation.send(result)
+        except StopIteration as done:
+            return done.value
 
     def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
         """Store a value; False if the key already existed (its value is kept)."""
-        size = memoryview(value).nbytes
-        if self.segments is not None and size >= SHARED_PUT_MIN_BYTES:
-            # One memcpy into shared memory beats two through the socket for large values.
-            return self.put_from(key, buffer_address(value), size, config)
-        return self._run(calls.put(key, value, config))
+        return self.drive(operations.put(self, key, value, config))
 
     def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
         self._run(calls.upsert(key, value, config))
 
     def get(self, key: str) -> bytes:
-        if self.segments is None:
-            return self._run(calls.get(key))
-        started = time.monotonic()
-        segment_id, offset, size = self._run(calls.simple("get_replica", key))
-        value = new_bytes(size)
-        self.segments.read(segment_id, offset, buffer_address(value), size)
-        self._check_lease(started)
-        return value
+        return self.drive(operations.get(self, key))
 
     def get_into(self, key: str, buffer) -> int:
-        """Receive a value into a writable buffer; returns its size."""
+        """Receive a value into a writable buffer through the socket; returns its size."""
         return self._run(calls.get(key, into=buffer))
 
     def exists(self, key: str) -> bool:
@@ -261,89 +293,35 @@ class BlockingClient:
     def put_from(self, key: str, address: int, size_bytes: int,
                  config: ReplicateConfig | None = None) -> bool:
         """Store `size_bytes` at `address` (this process's memory); False if the key existed."""
-        if self.segments is None:
-            return self.put(key, raw_buffer(address, size_bytes), config)
-        try:
-            segment_id, offset = self._run(calls.put_start(key, size_bytes, config))
-        except MooncakedError as exc:
-            if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:
-                return False
-            raise
-        try:
-            self.segments.write(segment_id, offset, address, size_bytes)
-        except BaseException:
-            self._run(calls.simple("put_revoke", key))
-            raise
-        self._run(calls.simple("put_end", key))
-        return True
+        return self.drive(operations.put_from(self, key, address, size_bytes, config))
 
     def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
         """Copy a value to `address` (room for `size_bytes`); returns the value's size."""
-        if self.segments is None:
-            return self.get_into(key, raw_buffer(address, size_bytes))
-        started = time.monotonic()
-        segment_id, offset, value_size = self._run(calls.simple("get_replica", key))
-        if value_size > size_bytes:
-            raise error_for(ErrorCode.INVALID_PARAMS,
-                            f"the value has {value_size} bytes, the buffer {size_bytes}")
-        self.segments.read(segment_id, offset, address, value_size)
-        self._check_lease(started)
-        return value_size
-
-    def _check_lease(self, started: float) -> None:
-        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
-            raise error_for(ErrorCode.LEASE_EXPIRED,
-                            "the copy ended after the read lease; the bytes may be stale")
+        return self.drive(operations.get_into_address(self, key, address, size_bytes))
 
     def batch_put_from(self, keys: Sequence[str], addresses: Sequence[int],
                        sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
         """Per key: 0 stored, 1 already existed, or a negative error code."""
-        if not len(keys) == len(addresses) == len(sizes):
-            raise error_for(ErrorCode.INVALID_PARAMS, "keys, addresses and sizes differ")
-        if self.segments is None:
-            return self.batch_put(keys, [raw_buffer(a, s) for a, s in zip(addresses, sizes)],
-                                  config)
-        placements = self._run(calls.batch_put_start(keys, sizes, config))
-        codes, started = [], []
-        for key, address, size, placement in zip(keys, addresses, sizes, placements):
-            if type(placement) is list:
-                self.segments.write(placement[0], placement[1], address, size)
-                started.append(key)
-                codes.append(0)
-            else:
-                codes.append(1 if placement == ErrorCode.OBJECT_ALREADY_EXISTS else placement)
-        if started:
-            ended = iter(self._run(calls.simple("batch_put_end", started)))
-            codes = [next(ended) if code == 0 else code for code in codes]
-        return codes
+        return self.drive(operations.batch_put_from(self, keys, addresses, sizes, config))
 
     def batch_get_into(self, keys: Sequence[str], addresses: Sequence[int],
                        sizes: Sequence[int]) -> list[int]:
         """Per key: the value's size, or a negative error code."""
-        if not len(keys) == len(addresses) == len(sizes):
-            raise error_for(ErrorCode.INVALID_PARAMS, "keys, addresses and sizes differ")
-        if self.segments is None:
-            return [self._get_into_or_code(k, a, s) for k, a, s in zip(keys, addresses, sizes)]
-        started = time.monotonic()
-        locations = self._run(calls.simple("batch_get_replica", list(keys)))
-        results = []
-        for address, size, location in zip(addresses, sizes, locations):
-            if type(location) is not list:
-                results.append(location)
-            elif location[2] > size:
-                results.append(int(ErrorCode.INVALID_PARAMS))
-            else:
-                self.segments.read(location[0], location[1], address, location[2])
-                results.append(location[2])
-        if (time.monotonic() - started) * 1000 >= self.lease_ttl_ms:
-            return [int(ErrorCode.LEASE_EXPIRED) if r >= 0 else r for r in results]
-        return results
+        return self.drive(operations.batch_get_into(self, keys, addresses, sizes))
 
-    def _get_into_or_code(self, key: str, address: int, size: int) -> int:
-        try:
-            return self.get_into(key, raw_buffer(address, size))
-        except MooncakedError as exc:
-            return exc.code
+    def batch_put_from_ranges(self, keys: Sequence[str], sizes: Sequence[int],
+                              ranges_per_key: Sequence[Sequence[operations.Range]],
+                              config: ReplicateConfig | None = None) -> list[int]:
+        """Per key, an object of `sizes[i]` bytes gathered from `(offset, address, size)`
+        ranges; per key 0 stored, 1 already existed, or a negative error code."""
+        return self.drive(operations.batch_put_from_ranges(self, keys, sizes, ranges_per_key,
+                                                           config))
+
+    def batch_get_into_ranges(self, keys: Sequence[str],
+                              ranges_per_key: Sequence[Sequence[operations.Range]]) -> list[int]:
+        """Per key, `(offset, address, size)` ranges of the value scattered to this process's
+        memory (clipped at the value's end); per key the value's size or a negative code."""
+        return self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key))
 
     # -- administration ---------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ class ReplicateConfig:
         return wire or None
 
 
-def _wire_config(config: ReplicateConfig | None) -> dict | None:
+def wire_config(config: ReplicateConfig | None) -> dict | None:
     return None if config is None else config.to_wire()
 
 
@@ -62,11 +62,11 @@ def hello(namespace: str, client_name: str) -> Call:
 
 
 def put(key: str, value, config: ReplicateConfig | None) -> Call:
-    return Call("put", [key, _wire_config(config)], [value])
+    return Call("put", [key, wire_config(config)], [value])
 
 
 def upsert(key: str, value, config: ReplicateConfig | None) -> Call:
-    return Call("upsert", [key, _wire_config(config)], [value], lambda result, payload: None)
+    return Call("upsert", [key, wire_config(config)], [value], lambda result, payload: None)
 
 
 def get(key: str, into=None) -> Call:
@@ -100,23 +100,25 @@ def batch_put(keys: Sequence[str], values: Sequence, config: ReplicateConfig | N
     if len(values) != len(keys):
         raise error_for(ErrorCode.INVALID_PARAMS, "keys and values differ in length")
     sizes = [memoryview(v).nbytes for v in values]
-    return Call("batch_put", [list(keys), sizes, _wire_config(config)], values)
+    return Call("batch_put", [list(keys), sizes, wire_config(config)], values)
 
 
-def _split_batch_get(results: list, payload) -> list[bytes | None]:
+def _split_batch_get(results: list, payload, keep_codes: bool) -> list:
     values, offset = [], 0
     view = memoryview(payload)
     for size in results:
         if size < 0:
-            values.append(None)
+            values.append(size if keep_codes else None)
         else:
             values.append(bytes(view[offset:offset + size]))
             offset += size
     return values
 
 
-def batch_get(keys: Sequence[str]) -> Call:
-    return Call("batch_get", [list(keys)], parse=_split_batch_get)
+def batch_get(keys: Sequence[str], keep_codes: bool = False) -> Call:
+    """Per key the value; for a key not read, None (or its error code with `keep_codes`)."""
+    return Call("batch_get", [list(keys)],
+                parse=lambda result, payload: _split_batch_get(result, payload, keep_codes))
 
 
 def batch_exists(keys: Sequence[str]) -> Call:
@@ -129,12 +131,12 @@ def batch_remove(keys: Sequence[str], force: bool) -> Call:
 
 
 def put_start(key: str, size: int, config: ReplicateConfig | None) -> Call:
-    return Call("put_start", [key, size, _wire_config(config)])
+    return Call("put_start", [key, size, wire_config(config)])
 
 
 def batch_put_start(keys: Sequence[str], sizes: Sequence[int],
                     config: ReplicateConfig | None) -> Call:
-    return Call("batch_put_start", [list(keys), list(sizes), _wire_config(config)])
+    return Call("batch_put_start", [list(keys), list(sizes), wire_config(config)])
 
 
 def simple(method: str, *params) -> Call:

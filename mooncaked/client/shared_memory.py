@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 from mooncaked._native import buffer_address, copy_memory
+from mooncaked.errors import ErrorCode, error_for
 
 
 class SharedSegments:
@@ -17,6 +19,7 @@ class SharedSegments:
         self._maps: dict[int, mmap.mmap] = {}
         self._bases: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
+        self._close_lock = threading.Lock()
         try:
             for segment in descriptions:
                 # A prefaulted segment's pages all exist: map them all now, so copies take no
@@ -40,7 +43,10 @@ class SharedSegments:
 
     def address(self, segment_id: int, offset: int, size_bytes: int) -> int:
         """The address of a range the daemon handed out; checked against the mapping."""
-        base = self._bases[segment_id]
+        base = self._bases.get(segment_id)
+        if base is None:
+            raise error_for(ErrorCode.SEGMENT_NOT_FOUND,
+                            f"segment {segment_id} is not mapped by this client")
         if offset < 0 or offset + size_bytes > self._sizes[segment_id]:
             raise ValueError(f"range {offset}+{size_bytes} is outside segment {segment_id}")
         return base + offset
@@ -52,10 +58,14 @@ class SharedSegments:
         copy_memory(target_address, self.address(segment_id, offset, size_bytes), size_bytes)
 
     def close(self) -> None:
-        for mapped in self._maps.values():
+        """Unmap every segment; safe to call twice and from two threads at once. The caller
+        makes sure no copy is using the mapping."""
+        with self._close_lock:
+            maps = list(self._maps.values())
+            self._maps.clear()
+            self._bases.clear()
+        for mapped in maps:
             try:
                 mapped.close()
             except BufferError:
                 pass
-        self._maps.clear()
-        self._bases.clear()

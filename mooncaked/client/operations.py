@@ -1,0 +1,256 @@
+"""The client calls that take more than one request, written once for both clients.
+
+An operation is a generator: it yields a `Call`, is sent the call's result (or has the call's
+`MooncakedError` thrown into it), and returns the operation's result. It does no I/O itself,
+so the blocking client (`BlockingClient.drive`) and the asyncio client (`Client.drive`) run the
+same code and differ only in how they move a Call over their socket.
+
+`context` is the client: its `segments` (the daemon's shared memory, mapped over the Unix
+socket, else None) and its `lease_ttl_ms`.
+
+Address-based calls move bytes between this process's memory and the daemon. A range list is
+`[(offset_in_object, address, size), ...]`: for a put, bytes at `address` land at that offset
+of the object; for a get, the object's bytes at that offset are copied to `address`, clipped
+at the object's end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Generator, Sequence
+
+from mooncaked._native import buffer_address, copy_memory, new_bytes
+from mooncaked.client import calls
+from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.errors import ErrorCode, MooncakedError, error_for
+
+Operation = Generator[Call, object, object]
+Range = tuple[int, int, int]
+
+# Local values at least this large go through shared memory: one memcpy beats two through the
+# socket, and below it the extra request costs more than the copy saves.
+SHARED_PUT_MIN_BYTES = 64 * 1024
+
+_INVALID = int(ErrorCode.INVALID_PARAMS)
+
+
+def run_call(call: Call) -> Operation:
+    """A single request as an operation."""
+    return (yield call)
+
+
+def _lease_expired(context, started: float) -> bool:
+    return (time.monotonic() - started) * 1000 >= context.lease_ttl_ms
+
+
+def _raw(address: int, size_bytes: int) -> memoryview:
+    from mooncaked.client.blocking import raw_buffer  # ctypes view; no copy
+    return raw_buffer(address, size_bytes)
+
+
+# -- single values ----------------------------------------------------------------------------
+
+def put(context, key: str, value, config: ReplicateConfig | None) -> Operation:
+    """True stored, False the key already existed."""
+    size = memoryview(value).nbytes
+    if context.segments is not None and size >= SHARED_PUT_MIN_BYTES:
+        return (yield from put_from(context, key, buffer_address(value), size, config))
+    return (yield calls.put(key, value, config))
+
+
+def get(context, key: str) -> Operation:
+    if context.segments is None:
+        return (yield calls.get(key))
+    started = time.monotonic()
+    segment_id, offset, size = yield calls.simple("get_replica", key)
+    value = new_bytes(size)  # filled by the copy before anyone sees it
+    context.segments.read(segment_id, offset, buffer_address(value), size)
+    _check_lease(context, started)
+    return value
+
+
+def _check_lease(context, started: float) -> None:
+    if _lease_expired(context, started):
+        raise error_for(ErrorCode.LEASE_EXPIRED,
+                        "the copy ended after the read lease; the bytes may be stale")
+
+
+def put_from(context, key: str, address: int, size_bytes: int,
+             config: ReplicateConfig | None) -> Operation:
+    """Store `size_bytes` at `address`; False if the key existed."""
+    if context.segments is None:
+        return (yield calls.put(key, _raw(address, size_bytes), config))
+    try:
+        segment_id, offset = yield calls.put_start(key, size_bytes, config)
+    except MooncakedError as exc:
+        if exc.code == ErrorCode.OBJECT_ALREADY_EXISTS:
+            return False
+        raise
+    try:
+        context.segments.write(segment_id, offset, address, size_bytes)
+    except BaseException:
+        yield calls.simple("put_revoke", key)
+        raise
+    yield calls.simple("put_end", key)
+    return True
+
+
+def get_into_address(context, key: str, address: int, size_bytes: int) -> Operation:
+    """Copy a value to `address` (room for `size_bytes`); the value's size."""
+    if context.segments is None:
+        return (yield calls.get(key, into=_raw(address, size_bytes)))
+    started = time.monotonic()
+    segment_id, offset, value_size = yield calls.simple("get_replica", key)
+    if value_size > size_bytes:
+        raise error_for(ErrorCode.INVALID_PARAMS,
+                        f"the value has {value_size} bytes, the buffer {size_bytes}")
+    context.segments.read(segment_id, offset, address, value_size)
+    _check_lease(context, started)
+    return value_size
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+def _check_lengths(*sequences: Sequence) -> None:
+    if len({len(s) for s in sequences}) > 1:
+        raise error_for(ErrorCode.INVALID_PARAMS,
+                        "keys and their addresses, sizes or ranges differ in length")
+
+
+def batch_put_from(context, keys: Sequence[str], addresses: Sequence[int],
+                   sizes: Sequence[int], config: ReplicateConfig | None) -> Operation:
+    """Per key: 0 stored, 1 already existed, or a negative error code."""
+    _check_lengths(keys, addresses, sizes)
+    ranges = [[(0, address, size)] for address, size in zip(addresses, sizes)]
+    return (yield from batch_put_from_ranges(context, keys, sizes, ranges, config))
+
+
+def batch_get_into(context, keys: Sequence[str], addresses: Sequence[int],
+                   sizes: Sequence[int]) -> Operation:
+    """Per key: the value's size, or a negative error code (INVALID_PARAMS when the value is
+    larger than its buffer; nothing is copied then)."""
+    _check_lengths(keys, addresses, sizes)
+    ranges = [[(0, address, size)] for address, size in zip(addresses, sizes)]
+    return (yield from batch_get_into_ranges(context, keys, ranges, capacity=sizes))
+
+
+def _valid_put_ranges(size: int, ranges: Sequence[Range]) -> bool:
+    return size > 0 and all(offset >= 0 and length >= 0 and offset + length <= size
+                            for offset, _, length in ranges)
+
+
+def _contiguous(size: int, ranges: Sequence[Range]) -> bool:
+    """The ranges fill the object in order, from offset 0 to its end."""
+    position = 0
+    for offset, _, length in ranges:
+        if offset != position:
+            return False
+        position += length
+    return position == size
+
+
+def _assembled(size: int, ranges: Sequence[Range]) -> list:
+    """The object's bytes as payload pieces: views of the caller's memory when the ranges fill
+    it in order (no copy), else one buffer they are copied into."""
+    if _contiguous(size, ranges):
+        return [_raw(address, length) for _, address, length in ranges if length]
+    value = bytearray(size)
+    base = buffer_address(value)
+    for offset, address, length in ranges:
+        if length:
+            copy_memory(base + offset, address, length)
+    return [value]
+
+
+def batch_put_from_ranges(context, keys: Sequence[str], sizes: Sequence[int],
+                          ranges_per_key: Sequence[Sequence[Range]],
+                          config: ReplicateConfig | None) -> Operation:
+    """Per key: store an object of `sizes[i]` bytes assembled from `ranges_per_key[i]`.
+    Per key: 0 stored, 1 already existed, or a negative error code."""
+    _check_lengths(keys, sizes, ranges_per_key)
+    codes = [_INVALID] * len(keys)
+    valid = [i for i in range(len(keys)) if _valid_put_ranges(sizes[i], ranges_per_key[i])]
+    if not valid:
+        return codes
+    if context.segments is None:
+        pieces, wire_sizes = [], []
+        for i in valid:
+            pieces.extend(_assembled(sizes[i], ranges_per_key[i]))
+            wire_sizes.append(sizes[i])
+        call = Call("batch_put", [[keys[i] for i in valid], wire_sizes,
+                                  calls.wire_config(config)], pieces)
+        for i, code in zip(valid, (yield call)):
+            codes[i] = code
+        return codes
+    placements = yield calls.batch_put_start([keys[i] for i in valid],
+                                             [sizes[i] for i in valid], config)
+    started = []
+    try:
+        for i, placement in zip(valid, placements):
+            if type(placement) is list:
+                segment_id, base = placement
+                for offset, address, length in ranges_per_key[i]:
+                    if length:
+                        context.segments.write(segment_id, base + offset, address, length)
+                started.append(i)
+                codes[i] = 0
+            else:
+                codes[i] = 1 if placement == ErrorCode.OBJECT_ALREADY_EXISTS else placement
+    except BaseException:
+        if started:
+            yield calls.simple("batch_put_revoke", [keys[i] for i in started])
+        raise
+    if started:
+        for i, code in zip(started, (yield calls.simple("batch_put_end",
+                                                        [keys[i] for i in started]))):
+            codes[i] = code
+    return codes
+
+
+def _copy_clipped(source_address: int, value_size: int, ranges: Sequence[Range]) -> None:
+    for offset, address, length in ranges:
+        count = min(length, value_size - offset)
+        if count > 0:
+            copy_memory(address, source_address + offset, count)
+
+
+def batch_get_into_ranges(context, keys: Sequence[str],
+                          ranges_per_key: Sequence[Sequence[Range]],
+                          capacity: Sequence[int] | None = None) -> Operation:
+    """Per key: copy ranges of the value to this process's memory, each clipped at the value's
+    end. Per key: the value's size, or a negative error code. With `capacity`, a value larger
+    than `capacity[i]` is not copied and gets INVALID_PARAMS."""
+    _check_lengths(keys, ranges_per_key)
+    results = [_INVALID] * len(keys)
+    valid = [i for i in range(len(keys))
+             if all(offset >= 0 and length >= 0 for offset, _, length in ranges_per_key[i])]
+    if not valid:
+        return results
+    wanted = [keys[i] for i in valid]
+    if context.segments is None:
+        values = yield calls.batch_get(wanted, keep_codes=True)
+        for i, value in zip(valid, values):
+            if isinstance(value, int):
+                results[i] = value
+            elif capacity is not None and len(value) > capacity[i]:
+                results[i] = _INVALID
+            else:
+                _copy_clipped(buffer_address(value), len(value), ranges_per_key[i])
+                results[i] = len(value)
+        return results
+    started = time.monotonic()
+    locations = yield calls.simple("batch_get_replica", wanted)
+    for i, location in zip(valid, locations):
+        if type(location) is not list:
+            results[i] = location
+            continue
+        segment_id, offset, value_size = location
+        if capacity is not None and value_size > capacity[i]:
+            results[i] = _INVALID
+            continue
+        source = context.segments.address(segment_id, offset, value_size)
+        _copy_clipped(source, value_size, ranges_per_key[i])
+        results[i] = value_size
+    if _lease_expired(context, started):
+        return [int(ErrorCode.LEASE_EXPIRED) if r >= 0 else r for r in results]
+    return results
