@@ -24,9 +24,14 @@ class ConfigError(Exception):
     pass
 
 
-def _key(default, minimum=None, maximum=None, choices=None, unit="", doc=""):
+# The environment variable that overrides [server] loop; it takes the same values.
+LOOP_ENV = "MOONCAKED_LOOP"
+
+
+def _key(default, minimum=None, maximum=None, choices=None, unit="", doc="", octal=False):
     return field(default=default, metadata={
-        "min": minimum, "max": maximum, "choices": choices, "unit": unit, "doc": doc})
+        "min": minimum, "max": maximum, "choices": choices, "unit": unit, "doc": doc,
+        "octal": octal})
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class SegmentsConfig:
                                 doc="allocation granularity (power of two)")
     max_allocations: int = _key(1 << 20, 1, 1 << 28, doc="live allocations per segment at most")
     shm_dir: str = _key("/dev/shm", doc="directory of the segments' shared-memory files")
-    shm_mode: int = _key(0o600, 0, 0o777, doc="permission bits of the segment files")
+    shm_mode: int = _key(0o600, 0, 0o777, octal=True,
+                         doc="permission bits of the segment files (octal)")
     numa_node: int = _key(-1, -1, 1023, doc="NUMA node the segments' pages are bound to; "
                           "-1 = the kernel's default policy")
     huge_pages: str = _key("off", choices=("off", "transparent", "hugetlbfs"),
@@ -166,12 +172,37 @@ class Config:
     def node_name(self) -> str:
         return self.node.name or socket.gethostname()
 
+    def __post_init__(self) -> None:
+        # The loop override is part of the effective configuration: a bad value must stop
+        # start-up and --check-config here, not surface later as a loop choice error.
+        _check_environment(self.source or "<config>")
+
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {s.name: dataclasses.asdict(getattr(self, s.name)) for s in sections()}
+        """Every section and key. Octal keys (shm_mode) are strings such as "0o600", as
+        mooncaked.toml writes them, so --check-config and `mooncakectl config show` print
+        the mode the way it is configured."""
+        result = {}
+        for section in sections():
+            values = getattr(self, section.name)
+            octal = {f.name for f in dataclasses.fields(values) if f.metadata["octal"]}
+            result[section.name] = {name: f"0o{value:o}" if name in octal else value
+                                    for name, value in dataclasses.asdict(values).items()}
+        return result
 
 
 def sections() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(Config) if f.name != "source"]
+
+
+def _check_environment(path: str) -> None:
+    value = os.environ.get(LOOP_ENV)
+    if not value:  # unset or empty: [server] loop applies (as in io/loops.py)
+        return
+    choices = {f.name: f for f in dataclasses.fields(ServerConfig)}["loop"].metadata["choices"]
+    if value.strip().lower() not in choices:
+        raise ConfigError(f"environment variable {LOOP_ENV}={value!r} (which overrides "
+                          f"[server] loop in {path}) is not one of {', '.join(choices)}; "
+                          f"unset it to use [server] loop")
 
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
@@ -187,6 +218,8 @@ def _check_value(path: str, section: str, key: str, spec: dataclasses.Field, val
     if expected is float and not math.isfinite(value):
         raise ConfigError(f"{where} must be a finite number, not {value!r}")
     meta = spec.metadata
+    if meta["octal"]:
+        _check_octal(where, value, meta["min"], meta["max"])
     if meta["choices"] is not None and value not in meta["choices"]:
         raise ConfigError(f"{where} = {value!r} is not one of {', '.join(meta['choices'])}")
     if meta["min"] is not None and value < meta["min"]:
@@ -196,10 +229,34 @@ def _check_value(path: str, section: str, key: str, spec: dataclasses.Field, val
     return value
 
 
+def _check_octal(where: str, value: int, minimum: int, maximum: int) -> None:
+    """Bounds of a permission mode, said in octal. A decimal literal such as 600 is the
+    usual mistake (TOML reads it as decimal 600 = 0o1130): suggest the 0o literal meant."""
+    if value > maximum:
+        message = f"{where} = {value} (0o{value:o}) is above the maximum 0o{maximum:o}"
+    elif value < minimum:
+        message = f"{where} = {value} is below the minimum 0o{minimum:o}"
+    else:
+        return
+    message += "; a mode is octal, and TOML reads it as octal only with the 0o prefix"
+    digits = str(value)
+    if set(digits) <= set("01234567") and minimum <= int(digits, 8) <= maximum:
+        message += f" (for mode {digits}, write 0o{digits})"
+    raise ConfigError(message)
+
+
 def from_dict(data: dict[str, Any], path: str = "<config>") -> Config:
     known = {s.name: s for s in sections()}
     built = {}
     for section_name, table in data.items():
+        if section_name not in known and not isinstance(table, dict):
+            # `size_bytes = 1` above every [section] header: a key, not a section.
+            owners = [s for s, f in known.items() if section_name in
+                      {k.name for k in dataclasses.fields(f.default_factory)}]
+            where = (f"; it belongs in [{'] or ['.join(owners)}]" if owners
+                     else " and no section has such a key")
+            raise ConfigError(f"{path}: key {section_name} is outside any section (above the "
+                              f"first [section] header){where}")
         if section_name not in known:
             raise ConfigError(f"{path}: unknown section [{section_name}] "
                               f"(known: {', '.join(known)})")

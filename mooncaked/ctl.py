@@ -8,7 +8,7 @@ wire/PROTOCOL.md section 5.3.
 
     status                       the daemon's state
     segments                     each segment's size and usage
-    objects ls [--prefix P] [--regex R] [--all-namespaces] [--limit N]
+    objects ls [--namespace NS] [--prefix P] [--regex R] [--limit N]
     objects stat KEY
     objects rm KEY [--force]
     config show                  the effective configuration
@@ -20,8 +20,10 @@ wire/PROTOCOL.md section 5.3.
     cluster drain ID             move objects held only by the node elsewhere, then remove it
 
 `--address` accepts `unix:PATH`, `/PATH` or `HOST:PORT` (default: $MOONCAKED_ADDRESS, else
-`unix:/run/mooncaked/mooncaked.sock`). `--namespace` is the namespace the connection is bound
-to (default `default`): `objects` commands see only its keys, unless `--all-namespaces`.
+`unix:/run/mooncaked/mooncaked.sock`). `-n/--namespace` is the namespace the connection is
+bound to (default `default`): `objects stat` and `objects rm` act on its keys. `objects ls`
+lists every namespace (a NAMESPACE column says which) unless `objects ls --namespace NS`, or an
+explicit `-n NS`, restricts it to one. `--version` prints the package version.
 
 Output. `-o table` (the default) prints aligned columns under a header row, sizes in human
 units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema is stable:
@@ -42,23 +44,26 @@ units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema i
   `transfer-leader`: `{"node_id": ID, "done": true}`; `cluster drain`: `{"node_id": ID,
   "moved": N, "dropped": N}`.
 
-Sizes are integers (bytes) in JSON.
+Sizes are integers (bytes) in JSON. `shm_mode` is an octal string (`"0o600"`) in both formats.
 
 Exit codes: 0 success; 1 an error: the daemon cannot be reached (`mooncakectl: cannot connect
 to ADDRESS: REASON`) or it answered with an error (`mooncakectl: CODE_NAME (CODE): MESSAGE`);
-2 a usage error (unknown command or option, missing argument, bad option value).
+2 a usage error (unknown command or option, missing argument, bad option value). `objects rm`
+of a key with a read lease fails with OBJECT_HAS_LEASE and says that `--force` removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 from typing import Any, Iterator
 
 import click
 
+from mooncaked import __version__
 from mooncaked.client.blocking import BlockingClient, parse_address
-from mooncaked.errors import MooncakedError, code_name
+from mooncaked.errors import ErrorCode, MooncakedError, code_name
 
 DEFAULT_ADDRESS = "unix:/run/mooncaked/mooncaked.sock"
 ADDRESS_ENV = "MOONCAKED_ADDRESS"
@@ -77,10 +82,12 @@ class CtlError(click.ClickException):
 
 
 class Settings:
-    def __init__(self, address: str, namespace: str, output: str) -> None:
+    def __init__(self, address: str, namespace: str, output: str,
+                 namespace_given: bool = False) -> None:
         self.address = address
         self.namespace = namespace
         self.output = output
+        self.namespace_given = namespace_given  # -n on the command line, not the default
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -119,8 +126,8 @@ def _field_value(name: str, value: Any) -> Any:
     """How a field of a status, object or config map reads in a table."""
     if name.endswith("_bytes") and type(value) is int:
         return human_bytes(value)
-    if name == "shm_mode" and type(value) is int:
-        return f"0{value:o}"
+    if name == "shm_mode" and type(value) is int:  # a daemon that sends the mode as a number
+        return f"0o{value:o}"
     return value
 
 
@@ -193,6 +200,8 @@ def _check_address(ctx: click.Context, param: click.Parameter, value: str) -> st
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="mooncakectl",
+                      message="%(prog)s %(version)s")
 @click.option("-a", "--address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS,
               show_default=True, callback=_check_address,
               help=f"Daemon address: unix:PATH, /PATH or HOST:PORT (env {ADDRESS_ENV}).")
@@ -204,7 +213,8 @@ def _check_address(ctx: click.Context, param: click.Parameter, value: str) -> st
 def cli(ctx: click.Context, address: str, namespace: str, output: str) -> None:
     """Inspect and administer a running mooncaked."""
     # No connection here: click runs this before it checks the subcommand's own arguments.
-    ctx.obj = Settings(address, namespace, output)
+    given = ctx.get_parameter_source("namespace") is not click.core.ParameterSource.DEFAULT
+    ctx.obj = Settings(address, namespace, output, given)
 
 
 @cli.command()
@@ -235,18 +245,26 @@ def objects() -> None:
 
 
 @objects.command("ls")
+@click.option("--namespace", "only_namespace", default=None, metavar="NS",
+              help="Only objects of this namespace (default: every namespace).")
 @click.option("--prefix", default="", help="Only keys that start with this.")
 @click.option("--regex", default=None, help="Only keys this Python regex matches (re.search).")
-@click.option("--all-namespaces", "-A", is_flag=True, help="Objects of every namespace.")
+# Every namespace is the default now; the flag stays accepted so existing scripts still run.
+@click.option("--all-namespaces", "-A", is_flag=True, hidden=True)
 @click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIST_LIMIT,
               show_default=True, help="List at most this many objects.")
 @click.pass_obj
-def objects_ls(settings: Settings, prefix: str, regex: str | None, all_namespaces: bool,
-               limit: int) -> None:
-    """List objects (of the connection's namespace unless --all-namespaces)."""
+def objects_ls(settings: Settings, only_namespace: str | None, prefix: str, regex: str | None,
+               all_namespaces: bool, limit: int) -> None:
+    """List objects of every namespace, or of one with --namespace (or -n before `objects`)."""
+    if only_namespace is not None and all_namespaces:
+        raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    if only_namespace is None and settings.namespace_given and not all_namespaces:
+        only_namespace = settings.namespace
+    if only_namespace == ALL_NAMESPACES:
+        only_namespace = None
     with connected(settings) as client:
-        data = client.objects_list(prefix, regex,
-                                   ALL_NAMESPACES if all_namespaces else None, limit)
+        data = client.objects_list(prefix, regex, only_namespace or ALL_NAMESPACES, limit)
     data.sort(key=lambda o: (o["namespace"], o["key"]))
     if len(data) >= limit:
         click.echo(f"mooncakectl: showing {limit} objects (--limit {limit}); there may be more",
@@ -277,7 +295,15 @@ def objects_stat(settings: Settings, key: str) -> None:
 def objects_rm(settings: Settings, key: str, force: bool) -> None:
     """Remove one object of the connection's namespace."""
     with connected(settings) as client:
-        client.remove(key, force)
+        try:
+            client.remove(key, force)
+        except MooncakedError as exc:
+            if exc.code != ErrorCode.OBJECT_HAS_LEASE:
+                raise
+            # A lease lasts seconds; say how to remove it now rather than leave the user to wait.
+            raise CtlError(f"{_daemon_error(exc)}; `objects rm {shlex.quote(key)} --force` "
+                           "removes it anyway (a reader copying it keeps its bytes until "
+                           "its lease ends)") from None
     data = {"namespace": settings.namespace, "key": key, "removed": True}
     emit(settings, data, f"removed {key!r} from namespace {settings.namespace!r}")
 

@@ -6,8 +6,11 @@
   unit, or `none` for keys without one), and each section with a header comment;
 - bad files (unknown section or key, wrong type, out-of-range value, broken relation between
   keys) raise ConfigError naming the key and the file;
+- messages say what was meant: a permission mode in octal with the `0o` literal to write, a
+  key above every section header as a key (and the section that has it);
 - `python -m mooncaked --config BAD.toml` exits 2 naming the key and the file and leaves no
-  segment files; `--check-config` on the default file exits 0 and prints the config as JSON.
+  segment files; `--check-config` on the default file exits 0 and prints the config as JSON
+  (shm_mode in octal, as `mooncakectl config show` prints it); a bad $MOONCAKED_LOOP fails it.
 """
 
 from __future__ import annotations
@@ -168,6 +171,45 @@ def test_bad_file_raises_config_error_naming_key_and_file(tmp_path, text, key):
     assert str(path) in message
 
 
+def load_text(tmp_path, text: str) -> str:
+    """The ConfigError message for a file holding `text`."""
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    return str(raised.value)
+
+
+def test_decimal_mode_is_reported_in_octal_with_the_literal_meant(tmp_path):
+    # TOML reads 600 as decimal 600 (0o1130); the user meant the mode 0o600.
+    message = load_text(tmp_path, "[segments]\nshm_mode = 600\n")
+    assert "above the maximum 0o777" in message
+    assert "0o1130" in message
+    assert "write 0o600" in message
+    assert "511" not in message
+
+
+def test_mode_out_of_range_in_octal_gets_no_wrong_hint(tmp_path):
+    message = load_text(tmp_path, "[segments]\nshm_mode = 999\n")  # digits 9: not octal
+    assert "above the maximum 0o777" in message
+    assert "write" not in message
+
+
+def test_top_level_key_is_named_as_a_key_outside_any_section(tmp_path):
+    message = load_text(tmp_path, "size_bytes = 1\n[segments]\ncount = 1\n")
+    assert "unknown section" not in message
+    assert "key size_bytes is outside any section" in message
+    assert "belongs in [segments]" in message
+    # A key two sections have: both named; a key no section has: said so.
+    assert "[cluster] or [metrics]" in load_text(tmp_path, "enabled = true\n")
+    assert "no section has such a key" in load_text(tmp_path, "bogus = 1\n")
+
+
+def test_as_dict_writes_the_mode_as_the_file_does():
+    assert Config().as_dict()["segments"]["shm_mode"] == "0o600"
+    assert Config().segments.shm_mode == 0o600  # the value the daemon uses stays an int
+
+
 def test_invalid_toml_names_the_file(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text("[server\ntcp_port = 1\n")
@@ -195,9 +237,12 @@ def test_good_file_overrides_only_what_it_sets(tmp_path):
 
 # -- the command line -----------------------------------------------------------------------
 
-def run_mooncaked(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "MOONCAKED_CONFIG")}
+def run_mooncaked(*args: str, loop_env: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NOTIFY_SOCKET", "MOONCAKED_CONFIG", "MOONCAKED_LOOP")}
     env["PYTHONPATH"] = REPO
+    if loop_env is not None:
+        env["MOONCAKED_LOOP"] = loop_env
     return subprocess.run([sys.executable, "-m", "mooncaked", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -240,3 +285,19 @@ def test_check_config_on_default_file_prints_json():
     result = run_mooncaked("--config", DEFAULT_FILE, "--check-config")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == Config().as_dict()
+    assert '"shm_mode": "0o600"' in result.stdout
+
+
+@pytest.mark.parametrize("args", [["--config", DEFAULT_FILE], []], ids=["file", "no-file"])
+def test_check_config_rejects_a_bad_loop_environment_variable(args):
+    result = run_mooncaked(*args, "--check-config", loop_env="bogus")
+    assert result.returncode == 2
+    assert "MOONCAKED_LOOP='bogus'" in result.stderr
+    assert "auto, uring, asyncio" in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_config_accepts_each_loop_name():
+    for name in ("auto", "uring", "asyncio", "ASYNCIO"):
+        result = run_mooncaked("--config", DEFAULT_FILE, "--check-config", loop_env=name)
+        assert result.returncode == 0, (name, result.stderr)

@@ -1,7 +1,7 @@
 """Tests of mooncakectl (mooncaked/ctl.py), run as `python -m mooncaked.ctl` against a real daemon.
 
-Objects are put with BlockingClient in two namespaces, then each command is checked over TCP
-and the Unix socket: its JSON output against what the daemon reports, its table output for the
+Objects are put with BlockingClient in two namespaces (`objects ls` lists both unless told
+one), then each command is checked over TCP and the Unix socket: its JSON output against what the daemon reports, its table output for the
 header row and the data, and its exit codes (0 ok, 1 error, 2 usage).
 """
 
@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
+import mooncaked
 from conftest import REPO, free_port
 from mooncaked import config as config_module
 from mooncaked.client.blocking import BlockingClient
@@ -103,31 +105,44 @@ def test_segments_table(address):
 
 # -- objects ls ---------------------------------------------------------------------------------
 
-def test_ls_lists_exactly_the_keys_put(address):
+ALL_OBJECTS = sorted([("default", k) for k in DEFAULT_VALUES] +
+                     [(OTHER_NAMESPACE, k) for k in OTHER_VALUES])
+
+
+def pairs_of(listing: list[dict]) -> list[tuple[str, str]]:
+    return [(o["namespace"], o["key"]) for o in listing]
+
+
+def test_ls_lists_exactly_the_keys_put_in_every_namespace(address):
+    # The README puts into its own namespace and then runs `objects ls`: it must see them.
     listing = ctl_json(address, "objects", "ls")
-    assert keys_of(listing) == sorted(DEFAULT_VALUES)
+    assert pairs_of(listing) == ALL_OBJECTS
+    values = {"default": DEFAULT_VALUES, OTHER_NAMESPACE: OTHER_VALUES}
     for obj in listing:
-        assert obj["namespace"] == "default"
-        assert obj["size_bytes"] == len(DEFAULT_VALUES[obj["key"]])
+        assert obj["size_bytes"] == len(values[obj["namespace"]][obj["key"]])
         assert obj["state"] == "complete"
 
 
 def test_ls_prefix_and_regex_filter(address):
     assert keys_of(ctl_json(address, "objects", "ls", "--prefix", "alpha/")) == \
         ["alpha/1", "alpha/2"]
-    assert keys_of(ctl_json(address, "objects", "ls", "--regex", "2$")) == ["alpha/2"]
+    assert keys_of(ctl_json(address, "objects", "ls", "--regex", "1$")) == \
+        ["alpha/1", "beta/1", "gamma/1"]
     assert keys_of(ctl_json(address, "objects", "ls", "--prefix", "alpha/",
                             "--regex", "^beta")) == []
 
 
-def test_ls_namespaces(address):
-    everything = ctl_json(address, "objects", "ls", "--all-namespaces")
-    assert [(o["namespace"], o["key"]) for o in everything] == sorted(
-        [("default", k) for k in DEFAULT_VALUES] + [(OTHER_NAMESPACE, k) for k in OTHER_VALUES])
-    # The default namespace does not see the other namespace's keys, and the other way round.
-    assert "gamma/1" not in keys_of(ctl_json(address, "objects", "ls"))
-    assert keys_of(ctl_json(address, "-n", OTHER_NAMESPACE, "objects", "ls")) == \
-        sorted(OTHER_VALUES)
+def test_ls_namespace_option_restricts_to_one(address):
+    only_default = ctl_json(address, "objects", "ls", "--namespace", "default")
+    assert pairs_of(only_default) == [("default", k) for k in sorted(DEFAULT_VALUES)]
+    only_other = ctl_json(address, "objects", "ls", "--namespace", OTHER_NAMESPACE)
+    assert pairs_of(only_other) == [(OTHER_NAMESPACE, k) for k in sorted(OTHER_VALUES)]
+    assert ctl_json(address, "objects", "ls", "--namespace", "nobody") == []
+    # An explicit -n restricts too; --all-namespaces (the old flag) still lists everything.
+    assert pairs_of(ctl_json(address, "-n", OTHER_NAMESPACE, "objects", "ls")) == \
+        [(OTHER_NAMESPACE, k) for k in sorted(OTHER_VALUES)]
+    assert pairs_of(ctl_json(address, "objects", "ls", "--all-namespaces")) == ALL_OBJECTS
+    assert pairs_of(ctl_json(address, "objects", "ls", "--namespace", "*")) == ALL_OBJECTS
 
 
 def test_ls_limit(address):
@@ -143,7 +158,8 @@ def test_ls_table(address):
     assert [row[:5] for row in rows[1:]] == [
         ["default", "alpha/1", "100", "B", "complete"],
         ["default", "alpha/2", "200", "B", "complete"],
-        ["default", "beta/1", "300", "B", "complete"]]
+        ["default", "beta/1", "300", "B", "complete"],
+        [OTHER_NAMESPACE, "gamma/1", "50", "B", "complete"]]
 
 
 # -- objects stat -------------------------------------------------------------------------------
@@ -186,11 +202,14 @@ def test_rm_of_leased_key_needs_force(stocked, address):
     done = ctl("-a", address, "objects", "rm", "alpha/1")
     assert done.returncode == 1
     assert done.stderr.startswith("mooncakectl: OBJECT_HAS_LEASE (-706): ")
+    # The message says how to remove it now.
+    assert "`objects rm alpha/1 --force` removes it anyway" in done.stderr
     assert "alpha/1" in keys_of(ctl_json(address, "objects", "ls"))
 
     removed = ctl_json(address, "objects", "rm", "alpha/1", "--force")
     assert removed == {"namespace": "default", "key": "alpha/1", "removed": True}
-    assert keys_of(ctl_json(address, "objects", "ls")) == ["alpha/2", "beta/1"]
+    assert keys_of(ctl_json(address, "objects", "ls", "--namespace", "default")) == \
+        ["alpha/2", "beta/1"]
     with BlockingClient.connect(stocked.tcp_address) as client:
         assert client.exists("alpha/1") is False
 
@@ -199,10 +218,12 @@ def test_rm_without_lease_and_of_missing_key(address):
     done = ctl("-a", address, "objects", "rm", "beta/1")
     assert done.returncode == 0, done.stderr
     assert "beta/1" in done.stdout
-    assert keys_of(ctl_json(address, "objects", "ls")) == ["alpha/1", "alpha/2"]
+    assert keys_of(ctl_json(address, "objects", "ls", "--namespace", "default")) == \
+        ["alpha/1", "alpha/2"]
     done = ctl("-a", address, "objects", "rm", "beta/1")
     assert done.returncode == 1
     assert "OBJECT_NOT_FOUND (-704)" in done.stderr
+    assert "--force" not in done.stderr  # the hint is for leases only
 
 
 def test_rm_stays_in_its_namespace(address):
@@ -218,6 +239,7 @@ def test_config_show_json_equals_daemon_config(stocked, address):
     assert shown == config_module.load(stocked.config_path).as_dict()
     assert shown["segments"]["size_bytes"] == 64 << 20
     assert shown["node"]["name"] == "test-node"
+    assert shown["segments"]["shm_mode"] == "0o600"
 
 
 def test_config_show_table(address):
@@ -225,6 +247,8 @@ def test_config_show_table(address):
     assert rows[0] == ["SECTION", "KEY", "VALUE"]
     assert ["segments", "size_bytes", "64.0", "MiB"] in rows
     assert ["node", "name", "test-node"] in rows
+    # Octal, as mooncaked.toml writes it and as `mooncaked --check-config` prints it.
+    assert ["segments", "shm_mode", "0o600"] in rows
 
 
 # -- addresses and exit codes -------------------------------------------------------------------
@@ -245,6 +269,7 @@ def test_address_from_environment(stocked):
     ["-o", "yaml", "status"],                # bad -o value
     ["status", "--no-such-option"],
     ["objects", "ls", "--limit", "0"],
+    ["objects", "ls", "--namespace", "a", "--all-namespaces"],
     ["-a", "no-port-here", "status"],        # an address that is none of the three forms
 ])
 def test_usage_errors_exit_2(args):
@@ -252,6 +277,14 @@ def test_usage_errors_exit_2(args):
     done = ctl("-a", dead, *args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "cannot connect" not in done.stderr
+
+
+def test_version_is_the_package_version():
+    done = ctl("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"mooncakectl {mooncaked.__version__}\n"
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["version"] == mooncaked.__version__
 
 
 def test_dead_tcp_address_exits_1():

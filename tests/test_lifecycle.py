@@ -12,6 +12,11 @@ and its segment files.
 
 Clients here speak the wire protocol over raw sockets (mooncaked/proto/framing.py) so that a
 put can be left half sent. Processes are stopped by PID.
+
+tools/cluster/start.sh: with a port of its nodes taken (the quick-start daemon holds 50051 and
+9781) it refuses at once and starts nothing; when a node it started exits during start-up it
+stops the others by PID and fails. These use the script's fixed ports and directory
+(/tmp/mooncaked-cluster), so they are skipped where either is in use.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import time
 
 import pytest
 
-from conftest import DaemonProcess
+from conftest import REPO, DaemonProcess
+from mooncaked import config as config_module
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
@@ -294,3 +300,97 @@ def test_put_stalled_past_the_grace_is_cut_and_the_daemon_exits_0(make_daemon):
     assert "STOPPING=1" in notification_lines(daemon)
     assert_cleaned_up(daemon)
     stalled.close()
+
+
+# -- tools/cluster/start.sh -----------------------------------------------------------------
+
+CLUSTER_DIR = "/tmp/mooncaked-cluster"
+START_SH = os.path.join(REPO, "tools", "cluster", "start.sh")
+
+
+def cluster_ports() -> list[tuple[str, int]]:
+    """(host, port) of every listener of the three nodes, from their configs."""
+    found = []
+    for i in (1, 2, 3):
+        c = config_module.load(os.path.join(REPO, "tools", "cluster", f"node{i}.toml"))
+        found += [(c.server.tcp_host, c.server.tcp_port),
+                  (c.cluster.peer_host, c.cluster.peer_port), (c.metrics.host, c.metrics.port)]
+    return found
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def cluster_scratch():
+    """The script's directory and ports, unused; the directory is removed afterwards."""
+    if os.path.exists(CLUSTER_DIR):
+        pytest.skip(f"{CLUSTER_DIR} exists (a cluster of someone else's)")
+    if not all(port_free(host, port) for host, port in cluster_ports()):
+        pytest.skip("a port of tools/cluster/node*.toml is in use")
+    yield
+    shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
+
+
+def run_start_sh() -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    return subprocess.run(["bash", START_SH], capture_output=True, text=True, timeout=120,
+                          env=env, stdin=subprocess.DEVNULL)
+
+
+def started_pids(stdout: str) -> dict[int, int]:
+    """{node: pid} from start.sh's `nodeN: pid P, ...` lines."""
+    return {int(m.group(1)): int(m.group(2))
+            for m in re.finditer(r"^node(\d): pid (\d+),", stdout, re.MULTILINE)}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cluster_start_refuses_taken_ports_and_starts_nothing(cluster_scratch):
+    # What the quick-start daemon (mooncaked.toml) holds: node 1's client and metrics ports.
+    with socket.socket() as client, socket.socket() as metrics:
+        client.bind(("127.0.0.1", 50051))
+        client.listen()
+        metrics.bind(("127.0.0.1", 9781))
+        metrics.listen()
+        done = run_start_sh()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "127.0.0.1:50051 (node1's client port)" in done.stderr
+    assert "127.0.0.1:9781 (node1's metrics port)" in done.stderr
+    assert "nothing started" in done.stderr
+    assert started_pids(done.stdout) == {}
+    assert not os.path.exists(CLUSTER_DIR)  # refused before it made anything
+
+
+def test_cluster_start_stops_its_nodes_when_one_fails(cluster_scratch):
+    # A file where node 3's Raft log directory goes: node 3 cannot start; 1 and 2 can.
+    os.makedirs(os.path.join(CLUSTER_DIR, "node3"))
+    with open(os.path.join(CLUSTER_DIR, "node3", "node-3"), "w"):
+        pass
+    done = run_start_sh()
+    pids = started_pids(done.stdout)
+    try:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert sorted(pids) == [1, 2, 3]
+        assert "node3" in done.stderr and "exited during start-up" in done.stderr
+        assert [pid for pid in pids.values() if alive(pid)] == []
+        assert [n for n in (1, 2, 3)
+                if os.path.exists(os.path.join(CLUSTER_DIR, f"node{n}", "pid"))] == []
+    finally:
+        for pid in pids.values():  # only if the script failed to: by PID, never by name
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

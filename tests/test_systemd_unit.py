@@ -1,12 +1,18 @@
-"""Tests of the systemd unit, tools/systemd/mooncaked.service.
+"""Tests of the systemd unit, tools/systemd/mooncaked.service, as `tools/install.sh --system`
+installs it (tools/systemd/install-system.sh).
 
-- `systemd-analyze verify` accepts it with no warning about the unit. The unit's ExecStart
-  (/usr/local/bin/mooncaked) need not exist here, and verify rejects a missing binary, so a
-  copy whose ExecStart runs `<this python> -m mooncaked` is verified; a copy with a misspelt
-  key checks that such warnings are caught. Skipped only where systemd-analyze is absent.
+- The install, run into a temporary root (`--root`), writes the unit, the configuration (only
+  if absent) and /usr/local/bin wrappers that run this checkout's .venv entry points.
+- `systemd-analyze verify --root ROOT mooncaked.service` accepts the unit installed there with
+  no warning about it: the unit exactly as shipped, its ExecStart (/usr/local/bin/mooncaked)
+  resolved inside that root, so a missing binary fails it (checked), as does a misspelt key.
+  The root gets a copy of the host's system units (network.target, ...) the unit refers to.
+  No systemd runs as PID 1 here, so `systemctl start` cannot be tested; verify can. Skipped
+  only where systemd-analyze is absent, or .venv is (the wrappers need its entry points).
 - The settings the daemon relies on are there: Type=notify, NotifyAccess=main,
-  LimitMEMLOCK=infinity, the runtime directory of the default Unix socket, a stop timeout
-  above the default shutdown grace, and hardening that leaves /dev/shm writable.
+  LimitMEMLOCK=infinity, the runtime directory of the default Unix socket, the state directory
+  of the default cluster data_dir, a stop timeout above the default shutdown grace, and
+  hardening that leaves /dev/shm writable and a checkout under /root or /home readable.
 """
 
 from __future__ import annotations
@@ -15,19 +21,25 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from mooncaked.config import ServerConfig, SegmentsConfig
+import mooncaked
+from mooncaked.config import ClusterConfig, ServerConfig, SegmentsConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(REPO, "tools", "systemd", "mooncaked.service")
+INSTALL_SYSTEM = os.path.join(REPO, "tools", "systemd", "install-system.sh")
+VENV_BIN = os.path.join(os.path.realpath(REPO), ".venv", "bin")
 EXEC_START = "/usr/local/bin/mooncaked --config /etc/mooncaked/mooncaked.toml"
+HOST_UNITS = "/usr/lib/systemd/system"
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_systemd_analyze = pytest.mark.skipif(
     SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (CI installs systemd)")
+needs_venv = pytest.mark.skipif(
+    not os.access(os.path.join(VENV_BIN, "mooncaked"), os.X_OK),
+    reason=".venv/bin/mooncaked is missing (bash tools/install.sh makes it)")
 
 
 def unit_text() -> str:
@@ -66,25 +78,30 @@ def seconds(value: str) -> float:
     return total
 
 
-def verify(tmp_path, text: str) -> subprocess.CompletedProcess:
-    """Write `text` as mooncaked.service in tmp_path and run systemd-analyze verify on it."""
-    path = tmp_path / "mooncaked.service"
-    path.write_text(text)
-    command = [SYSTEMD_ANALYZE, "verify"]
+def install_system(root) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", INSTALL_SYSTEM, "--root", str(root)], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """A root with mooncaked installed by install-system.sh, plus the host's system units."""
+    root = tmp_path / "root"
+    result = install_system(root)
+    assert result.returncode == 0, result.stderr
+    shutil.copytree(HOST_UNITS, root / HOST_UNITS.lstrip("/"), symlinks=True)
+    return root
+
+
+def verify(root) -> subprocess.CompletedProcess:
+    """systemd-analyze verify of mooncaked.service as installed under `root`."""
+    command = [SYSTEMD_ANALYZE, "verify", f"--root={root}"]
     help_text = subprocess.run([SYSTEMD_ANALYZE, "--help"], capture_output=True,
                                text=True).stdout
     if "--man" in help_text:
         command.append("--man=no")
-    return subprocess.run(command + [str(path)], capture_output=True, text=True, timeout=120)
-
-
-def runnable_copy() -> str:
-    """The unit with ExecStart running this interpreter's mooncaked (verify needs a binary)."""
-    text = unit_text()
-    original = f"ExecStart={EXEC_START}\n"
-    assert original in text
-    return text.replace(original, f"ExecStart={sys.executable} -m mooncaked --config "
-                                  "/etc/mooncaked/mooncaked.toml\n")
+    return subprocess.run(command + ["mooncaked.service"], capture_output=True, text=True,
+                          timeout=120, cwd=root)
 
 
 def unit_warnings(stderr: str) -> list[str]:
@@ -92,17 +109,70 @@ def unit_warnings(stderr: str) -> list[str]:
 
 
 @needs_systemd_analyze
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
-    result = verify(tmp_path, runnable_copy())
+@needs_venv
+def test_systemd_analyze_verify_accepts_the_installed_unit(installed):
+    result = verify(installed)
     assert result.returncode == 0, result.stderr
     assert unit_warnings(result.stderr) == []
 
 
 @needs_systemd_analyze
-def test_verify_reports_a_misspelt_key(tmp_path):
-    text = runnable_copy().replace("NotifyAccess=main", "NotifyAcess=main")
-    result = verify(tmp_path, text)
+@needs_venv
+def test_verify_fails_without_the_installed_binary(installed):
+    # What a unit copied without `install.sh --system` met: ExecStart names nothing.
+    os.unlink(installed / "usr/local/bin/mooncaked")
+    result = verify(installed)
+    assert result.returncode != 0
+    assert any("/usr/local/bin/mooncaked" in line for line in unit_warnings(result.stderr)), \
+        result.stderr
+
+
+@needs_systemd_analyze
+@needs_venv
+def test_verify_reports_a_misspelt_key(installed):
+    path = installed / "etc/systemd/system/mooncaked.service"
+    path.write_text(path.read_text().replace("NotifyAccess=main", "NotifyAcess=main"))
+    result = verify(installed)
     assert any("NotifyAcess" in line for line in unit_warnings(result.stderr)), result.stderr
+
+
+@needs_venv
+def test_install_writes_the_unit_config_and_wrappers_of_the_venv(installed):
+    assert (installed / "etc/systemd/system/mooncaked.service").read_text() == unit_text()
+    with open(os.path.join(REPO, "mooncaked.toml")) as f:
+        assert (installed / "etc/mooncaked/mooncaked.toml").read_text() == f.read()
+    for tool in ("mooncaked", "mooncakectl"):
+        wrapper = installed / "usr/local/bin" / tool
+        assert os.access(wrapper, os.X_OK)
+        # It runs the venv's entry point (by exec: the PID systemd watches stays the daemon's).
+        assert f"exec '{VENV_BIN}/{tool}' \"$@\"" in wrapper.read_text()
+        done = subprocess.run([str(wrapper), "--version"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{tool} {mooncaked.__version__}"
+
+
+@needs_venv
+def test_install_keeps_an_existing_config(installed):
+    config = installed / "etc/mooncaked/mooncaked.toml"
+    config.write_text("[segments]\ncount = 2\n")
+    result = install_system(installed)
+    assert result.returncode == 0, result.stderr
+    assert config.read_text() == "[segments]\ncount = 2\n"
+    assert "kept" in result.stdout
+
+
+def test_install_sh_documents_its_flags_and_refuses_unknown_ones():
+    done = subprocess.run(["bash", os.path.join(REPO, "tools", "install.sh"), "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for flag in ("--system", "--root", "--mooncake-compat"):
+        assert flag in done.stdout
+    # Flags are parsed before anything is installed: a bad one changes nothing.
+    for args in (["--bogus"], ["--root", "/nowhere"]):
+        done = subprocess.run(["bash", os.path.join(REPO, "tools", "install.sh"), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
 
 
 def test_exec_start_runs_the_installed_daemon_on_the_etc_config():
@@ -136,6 +206,13 @@ def test_stop_signal_and_timeout_cover_the_shutdown_grace():
     assert seconds(unit["TimeoutStopSec"][0]) > grace_s
 
 
+def test_state_directory_holds_the_default_cluster_data_dir():
+    # ProtectSystem=strict makes /var/lib read-only; StateDirectory= makes this one writable.
+    unit = service()
+    assert unit["StateDirectory"] == ["mooncaked"]
+    assert ClusterConfig().data_dir == "/var/lib/" + unit["StateDirectory"][0]
+
+
 def test_hardening_leaves_shared_memory_and_runtime_dir_writable():
     unit = service()
     assert unit["ProtectSystem"] == ["strict"]
@@ -144,7 +221,8 @@ def test_hardening_leaves_shared_memory_and_runtime_dir_writable():
     assert os.path.dirname(ServerConfig().unix_socket) in writable
     assert unit["NoNewPrivileges"] == ["yes"]
     assert unit["PrivateTmp"] == ["yes"]
-    assert unit["ProtectHome"] == ["yes"]
+    # Not "yes": that hides /root and /home, where the checkout's .venv often is.
+    assert unit["ProtectHome"] == ["read-only"]
     assert "PrivateDevices" not in unit or unit["PrivateDevices"] == ["no"]
 
 

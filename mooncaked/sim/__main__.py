@@ -51,19 +51,33 @@ from mooncaked.sim.run import SimFailure, run_seed
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mooncaked.sim",
-                                     description="deterministic simulation of a mooncaked cluster")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--trace", action="store_true")
-    parser.add_argument("--nodes", type=int, choices=(3, 5), default=None)
-    parser.add_argument("--ops", type=int, default=None)
-    parser.add_argument("--clients", type=int, default=None)
-    parser.add_argument("--read-mode", choices=("safe", "lease"), default=None)
-    parser.add_argument("--mutant", choices=MUTANTS, default=None)
-    parser.add_argument("--without-fix", choices=FIXES, action="append", default=[])
-    parser.add_argument("--daemon-as-is", action="store_true")
-    parser.add_argument("--keep-going", action="store_true")
+                                     description="deterministic simulation of a mooncaked cluster",
+                                     epilog="exit status: 0 if every seed passed, 1 otherwise")
+    parser.add_argument("--seeds", type=int, default=None, metavar="N",
+                        help="run N seeds, from --start (default 20)")
+    parser.add_argument("--start", type=int, default=0, metavar="S",
+                        help="first seed of --seeds (default 0)")
+    parser.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="run one seed (replays it exactly)")
+    parser.add_argument("--trace", action="store_true",
+                        help="print every event of the run (use with --seed)")
+    parser.add_argument("--nodes", type=int, choices=(3, 5), default=None,
+                        help="voters (default: drawn per seed)")
+    parser.add_argument("--ops", type=int, default=None, metavar="N",
+                        help="client operations in the safety phase (default 100)")
+    parser.add_argument("--clients", type=int, default=None, metavar="N",
+                        help="concurrent clients (default: drawn per seed, 1-8)")
+    parser.add_argument("--read-mode", choices=("safe", "lease"), default=None,
+                        help="how the leader confirms reads (default: drawn per seed)")
+    parser.add_argument("--mutant", choices=MUTANTS, default=None,
+                        help="plant a known bug the checks must catch (tests the tester)")
+    parser.add_argument("--without-fix", choices=FIXES, action="append", default=[],
+                        help="run the daemon's cluster logic without this fix the simulation "
+                        "proposes (repeatable; sim/params.py FIXES)")
+    parser.add_argument("--daemon-as-is", action="store_true",
+                        help="run the daemon's cluster logic exactly as it is, without any fix")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="run every seed and report all failures, not only the first")
     args = parser.parse_args(argv)
 
     overrides = dict(voters=args.nodes, ops=args.ops, clients=args.clients,
