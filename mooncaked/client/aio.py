@@ -246,8 +246,10 @@ class Client:
 
     async def batch_get_into_ranges(
             self, keys: Sequence[str],
-            ranges_per_key: Sequence[Sequence[operations.Range]]) -> list[int]:
-        return await self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key))
+            ranges_per_key: Sequence[Sequence[operations.Range]],
+            capacities: Sequence[int] | None = None) -> list[int]:
+        return await self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key,
+                                                                 capacities))
 
     # -- administration ---------------------------------------------------------------------
 

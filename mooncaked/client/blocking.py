@@ -318,10 +318,13 @@ class BlockingClient:
                                                            config))
 
     def batch_get_into_ranges(self, keys: Sequence[str],
-                              ranges_per_key: Sequence[Sequence[operations.Range]]) -> list[int]:
+                              ranges_per_key: Sequence[Sequence[operations.Range]],
+                              capacities: Sequence[int] | None = None) -> list[int]:
         """Per key, `(offset, address, size)` ranges of the value scattered to this process's
-        memory (clipped at the value's end); per key the value's size or a negative code."""
-        return self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key))
+        memory (clipped at the value's end); per key the value's size or a negative code.
+        With `capacities`, a value larger than its capacity is not copied (INVALID_PARAMS)."""
+        return self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key,
+                                                           capacities))
 
     # -- administration ---------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ def batch_get_into(context, keys: Sequence[str], addresses: Sequence[int],
     larger than its buffer; nothing is copied then)."""
     _check_lengths(keys, addresses, sizes)
     ranges = [[(0, address, size)] for address, size in zip(addresses, sizes)]
-    return (yield from batch_get_into_ranges(context, keys, ranges, capacity=sizes))
+    return (yield from batch_get_into_ranges(context, keys, ranges, capacities=sizes))
 
 
 def _valid_put_ranges(size: int, ranges: Sequence[Range]) -> bool:
@@ -216,10 +216,10 @@ def _copy_clipped(source_address: int, value_size: int, ranges: Sequence[Range])
 
 def batch_get_into_ranges(context, keys: Sequence[str],
                           ranges_per_key: Sequence[Sequence[Range]],
-                          capacity: Sequence[int] | None = None) -> Operation:
+                          capacities: Sequence[int] | None = None) -> Operation:
     """Per key: copy ranges of the value to this process's memory, each clipped at the value's
-    end. Per key: the value's size, or a negative error code. With `capacity`, a value larger
-    than `capacity[i]` is not copied and gets INVALID_PARAMS."""
+    end. Per key: the value's size, or a negative error code. With `capacities`, a value larger
+    than `capacities[i]` is not copied and gets INVALID_PARAMS."""
     _check_lengths(keys, ranges_per_key)
     results = [_INVALID] * len(keys)
     valid = [i for i in range(len(keys))
@@ -232,7 +232,7 @@ def batch_get_into_ranges(context, keys: Sequence[str],
         for i, value in zip(valid, values):
             if isinstance(value, int):
                 results[i] = value
-            elif capacity is not None and len(value) > capacity[i]:
+            elif capacities is not None and len(value) > capacities[i]:
                 results[i] = _INVALID
             else:
                 _copy_clipped(buffer_address(value), len(value), ranges_per_key[i])
@@ -245,7 +245,7 @@ def batch_get_into_ranges(context, keys: Sequence[str],
             results[i] = location
             continue
         segment_id, offset, value_size = location
-        if capacity is not None and value_size > capacity[i]:
+        if capacities is not None and value_size > capacities[i]:
             results[i] = _INVALID
             continue
         source = context.segments.address(segment_id, offset, value_size)

@@ -299,9 +299,10 @@ class ClientPool:
             c, keys, sizes, ranges_per_key, config), False)
 
     def batch_get_into_ranges(self, keys: Sequence[str],
-                              ranges_per_key: Sequence[Sequence[operations.Range]]) -> list[int]:
+                              ranges_per_key: Sequence[Sequence[operations.Range]],
+                              capacities: Sequence[int] | None = None) -> list[int]:
         return self._drive(
-            lambda c: operations.batch_get_into_ranges(c, keys, ranges_per_key), True)
+            lambda c: operations.batch_get_into_ranges(c, keys, ranges_per_key, capacities), True)
 
     # -- administration ---------------------------------------------------------------------
 
