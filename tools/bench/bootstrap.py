@@ -3,8 +3,9 @@
 Three interpreters/environments are involved:
 - the project's Python (the one running run.py, `sys.executable`): it has mooncaked; the
   mooncaked daemon and the mooncaked client workers run under it;
-- the bench venv (`tools/bench/.venv`, git-ignored): Mooncake's PyPI wheel, redis-py, numpy,
-  matplotlib; the Mooncake and Redis workers, the memcpy probe and the chart run under it;
+- the bench venv (`tools/bench/.venv`, git-ignored): Mooncake's PyPI wheel, redis-py with
+  hiredis (its C reply parser), numpy, matplotlib; the Mooncake and Redis workers, the memcpy
+  probe and the chart run under it;
 - Debian's redis-server (and libibverbs1, which the Mooncake wheel links against).
 
 Everything here is idempotent: a second run only checks.
@@ -23,9 +24,9 @@ VENV = os.path.join(HERE, ".venv")
 
 MOONCAKE_PACKAGE = "mooncake-transfer-engine-non-cuda"
 MOONCAKE_VERSION = "0.3.13.post1"  # the version research/anchors-perf.md measured
-VENV_PACKAGES = ["redis", "numpy", "matplotlib"]
+VENV_PACKAGES = ["redis", "hiredis", "numpy", "matplotlib"]
 APT_PACKAGES = ["redis-server", "libibverbs1"]
-VENV_CHECK = "import mooncake.store, redis, numpy, matplotlib"
+VENV_CHECK = "import mooncake.store, redis, hiredis, numpy, matplotlib"
 
 
 def _run(argv: list[str], log, **kw) -> int:

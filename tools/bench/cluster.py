@@ -30,7 +30,7 @@ import subprocess
 import time
 
 import report
-from common import GiB, MiB
+from common import GiB, MiB, new_nonce
 from procs import PROCS, Noise, Worker, free_port, run_one
 from servers import (await_mooncaked, daemon_knows, relaunch_mooncaked, start_mooncake_master,
                      start_mooncaked)
@@ -81,7 +81,7 @@ class ClusterSection:
                 server = start_mooncaked(
                     self.b.py, workdir, pl, segment_bytes, None,
                     self.b.logfile(f"{label}-{pl.name}-node{i}"), unix_socket=False,
-                    cluster=cluster, busy_poll=None if size == 1 else False, name=f"node{i}",
+                    cluster=cluster, busy_poll=False, name=f"node{i}",
                     wait=False)
                 nodes.append(server)
                 self.b.info["servers"][f"{label} node{i} [{pl.name}]"] = server.command
@@ -169,18 +169,24 @@ class ClusterSection:
             ctl1 = self.ctl(pl, one)
             self.settle(ctl1, [1], "1-node cluster")
             addr = lambda node_id: three[node_id - 1].connect["tcp_address"]  # noqa: E731
-            targets = [("mcd-3node-leader", self.b.py, {"system": "mooncaked",
-                                                        "address": addr(leader)}, None),
-                       ("mcd-3node-follower", self.b.py, {"system": "mooncaked",
-                                                          "address": addr(followers[0])}, None),
-                       ("mcd-1node", self.b.py, {"system": "mooncaked",
-                                                 "address": one[0].connect["tcp_address"]}, None),
-                       ("mcd-plain", self.b.py, {"system": "mooncaked",
-                                                 "address": plain.connect["tcp_address"]}, None)]
+            pids3 = [n.process.pid for n in three]  # the servers' CPU: all three nodes
+            targets = [("mcd-3node-leader", self.b.py,
+                        {"system": "mooncaked", "address": addr(leader), "server_pids": pids3},
+                        None),
+                       ("mcd-3node-follower", self.b.py,
+                        {"system": "mooncaked", "address": addr(followers[0]),
+                         "server_pids": pids3}, None),
+                       ("mcd-1node", self.b.py,
+                        {"system": "mooncaked", "address": one[0].connect["tcp_address"],
+                         "server_pids": [one[0].process.pid]}, None),
+                       ("mcd-plain", self.b.py,
+                        {"system": "mooncaked", "address": plain.connect["tcp_address"],
+                         "server_pids": [plain.process.pid]}, None)]
             mooncake = None
             if master is not None:
                 mooncake = ("mooncake", b.vpy,
                             dict(master.connect, system="mooncake",
+                                 server_pids=[master.process.pid],
                                  segment_bytes=cfg.mooncake_rate_segment,
                                  local_buffer_bytes=cfg.mooncake_rate_buffer), b.venv_env)
             self.put_rates(pl, targets, mooncake)
@@ -215,7 +221,8 @@ class ClusterSection:
         if mooncake is not None:
             plan.append(("cl_put_1p", 1, mooncake))  # its usual put path, one client
         acc = {(op, t[0]): {"values": [], "p50": [], "p99": [], "n": [], "noise": [],
-                            "errors": 0} for op, _, t in plan}
+                            "errors": 0, "cpu": [], "checked": 0, "bad": 0}
+               for op, _, t in plan}
         disk, disk_noise = [], []  # the disk's fsync latency moves with the host's load
         for trial in range(cfg.trials):
             with Noise(disk_noise):
@@ -229,7 +236,10 @@ class ClusterSection:
                 r = b.rate(python, args, nproc, pl.clients, a["noise"], env)
                 a["values"].append(r["rate"]); a["p50"].append(r["p50_us"])
                 a["p99"].append(r["p99_us"]); a["n"].append(r["n"])
-                a["errors"] += r["errors"]
+                a["errors"] += r["errors"]; a["checked"] += r["checked"]; a["bad"] += r["bad"]
+                a["cpu"].append({"units": r["n"], "bytes": 0, "wall_s": r["span_s"],
+                                 "server_cpu_s": r["server_cpu_s"],
+                                 "client_cpu_s": r["client_cpu_s"]})
         self.res.add(pl.name, "machine", "fdatasync_4k", None, "ops/s",
                      [o["ops_s"] for o in disk], [o["p50_us"] for o in disk],
                      [o["p99_us"] for o in disk], disk_noise,
@@ -245,7 +255,7 @@ class ClusterSection:
                 note += f"; fsync={cfg.cluster_fsync} on {self.info['raft_data_fs']}"
             self.res.add(pl.name, label, op, None, "ops/s", a["values"], a["p50"], a["p99"],
                          a["noise"], n=int(statistics.median(a["n"])), note=note,
-                         errors=a["errors"])
+                         errors=a["errors"], cpu=a["cpu"], checked=a["checked"], bad=a["bad"])
 
     # -- cross-node get ------------------------------------------------------------------------
 
@@ -255,10 +265,12 @@ class ClusterSection:
         addr = lambda node_id: three[node_id - 1].connect["tcp_address"]  # noqa: E731
         tag = f"{pl.name}-cross-{os.getpid()}"
         sizes = cfg.cross_sizes
+        nonce = new_nonce()  # the values carry their index and this nonce
         writers, readers = [], []
         try:
             w = Worker(b.py, "cross_writer",
                        {"system": "mooncaked", "tag": tag, "sizes": sizes, "address": addr(via),
+                        "nonce": nonce,
                         "holder_address": addr(holder), "segment": f"node{holder}/0"},
                        b.logfile("cross-writer"), pl.clients)
             writers.append(w)
@@ -279,7 +291,7 @@ class ClusterSection:
                                                            "address": addr(leader)}, None))
             if master is not None:
                 base = dict(master.connect, system="mooncake", tag=tag, sizes=sizes,
-                            local_buffer_bytes=cfg.mooncake_buffer)
+                            local_buffer_bytes=cfg.mooncake_buffer, nonce=nonce)
                 w = Worker(b.vpy, "cross_writer", dict(base, segment_bytes=cfg.mooncake_segment),
                            b.logfile("cross-writer-mooncake"), pl.servers, b.venv_env)
                 writers.append(w)
@@ -296,19 +308,22 @@ class ClusterSection:
                 for label, python, args, env in readers:
                     with Noise(acc[label]["noise"]):
                         acc[label]["out"].append(run_one(
-                            python, "cross_reader", dict(args, tag=tag, sizes=sizes),
+                            python, "cross_reader", dict(args, tag=tag, sizes=sizes, nonce=nonce),
                             b.logfile(f"cross-reader-{label}"), pl.clients, env, timeout_s=300))
             for label, a in acc.items():
                 verified = all(o["verified"] for o in a["out"])
                 for size, n in sizes:
                     xs = [o["get"][str(size)] for o in a["out"]]
                     note = "" if verified else "VERIFY FAILED"
+                    checked = sum(x.get("checked", 0) for x in xs)
+                    bad = sum(x.get("bad", 0) for x in xs)
                     if label.startswith("mcd") and not placed:
                         note = (note + " REPLICA NOT ON THE HOLDER NODE").strip()
                     self.res.add(pl.name, label, "cross_get", size, "MB/s",
                                  [x["mbps"] for x in xs], [x["p50_us"] for x in xs],
                                  [x["p99_us"] for x in xs], a["noise"], n=n, note=note,
-                                 errors=sum(x["errors"] for x in xs))
+                                 errors=sum(x["errors"] for x in xs), checked=checked,
+                                 bad=bad)
         finally:
             for w in writers:
                 try:
@@ -331,13 +346,21 @@ class ClusterSection:
 
     @staticmethod
     def end_put_loop(w: Worker, event: float) -> dict:
+        """out["recovered"] is False when no put succeeded within 60 s of the event: the trial
+        is kept, as a failed trial (its times are None), not dropped."""
         w.send(f"EVENT {event!r}")
+        recovered = True
         try:
             w.expect("RECOVERED", 60)
+        except RuntimeError:
+            recovered = False
         finally:
             w.send("STOP")
             out = w.expect("RESULT", 60)
             w.finish(30)
+        out["recovered"] = recovered
+        if not recovered:
+            out["first_ok_s"] = None
         return out
 
     def failover(self, pl, three, ctl: Worker) -> None:

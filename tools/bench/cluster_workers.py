@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from common import emit, latency_summary, pattern, wait_line
+from common import check_value, emit, latency_summary, pattern, stamped, wait_line
 
 pc = time.perf_counter_ns
 
@@ -58,10 +58,12 @@ def role_cross_writer(a: dict) -> None:
         from workers import connect
         store = connect(a)  # its own segment: every put lands in this process's memory
         put = store.put
+    nonce = a["nonce"]
     for size, n in a["sizes"]:
-        value = pattern(size, size)
+        base = pattern(size, size)
         ns, errors = [], 0
-        for key in _keys(tag, size, n):
+        for i, key in enumerate(_keys(tag, size, n)):
+            value = bytes(stamped(base, size, i, nonce))  # carries its index (untimed)
             t0 = pc(); ok = put(key, value); ns.append(pc() - t0)
             errors += not ok
         out["put"][str(size)] = dict(latency_summary(ns, size), errors=errors)
@@ -99,13 +101,17 @@ def role_cross_reader(a: dict) -> None:
             get(key)
     out = {"get": {}, "verified": True}
     for size, n in a["sizes"]:
-        expected = pattern(size, size)
+        base = pattern(size, size)
         ns, errors = [], 0
         for key in _keys(tag, size, n):
             t0 = pc(); value = get(key); ns.append(pc() - t0)
             errors += value is None or len(value) != size
-        out["verified"] &= get(_keys(tag, size, n)[-1]) == expected
-        out["get"][str(size)] = dict(latency_summary(ns, size), errors=errors)
+        # every key again, checked against the value it was given (untimed)
+        bad = sum(not check_value(get(key), base, size, i, a["nonce"])
+                  for i, key in enumerate(_keys(tag, size, n)))
+        out["verified"] &= bad == 0
+        out["get"][str(size)] = dict(latency_summary(ns, size), errors=errors, checked=n,
+                                     bad=bad)
     close()
     emit("RESULT", out)
 

@@ -3,6 +3,8 @@ under the bench venv, one fresh process per trial):
 
     memcpy         single-thread copy bandwidth: numpy.copyto of 256 MiB into a prefaulted
                    destination, and a bytearray slice copy of the same size
+    memcpy_like    the copies of a put_from / get_into row (same size, count and buffer
+                   reuse) as plain memcpy: the reference of the "% of memcpy" targets
     sock_recv /    bulk transfer over TCP loopback: sendall/recv_into in 1 MiB chunks
     sock_send
     pingpong_srv / 1-byte request/response round trips, TCP (TCP_NODELAY) or Unix socket: the
@@ -44,6 +46,33 @@ def role_memcpy(a: dict) -> None:
         target[:] = source
     bytearray_gbps = size * reps / (time.perf_counter() - t0) / 1e9
     emit("RESULT", {"numpy_copyto_gbps": numpy_gbps, "bytearray_slice_gbps": bytearray_gbps})
+
+
+def role_memcpy_like(a: dict) -> None:
+    """The copies a put_from / get_into row of `size` x `ops` makes, with the same buffer
+    reuse, as plain single-thread memcpy (libc memmove through ctypes): put-like = one source
+    buffer copied into `ops` distinct destinations of a prefaulted arena (each key gets its own
+    place in the store's segment); get-like = `ops` distinct sources (filled) copied into one
+    destination buffer. Per-copy time summed, as the rows sum per-op latencies."""
+    import ctypes
+    size, ops = a["size"], a["ops"]
+    pc = time.perf_counter_ns
+    one = bytearray(os.urandom(size))
+    one_addr = ctypes.addressof((ctypes.c_char * size).from_buffer(one))
+    arena = bytearray(size * ops)
+    arena_addr = ctypes.addressof((ctypes.c_char * (size * ops)).from_buffer(arena))
+    ctypes.memset(arena_addr, 7, size * ops)  # prefault (the store's segment is prefaulted)
+    out = {}
+    for name, copy in (("put_like", lambda i: ctypes.memmove(arena_addr + i * size, one_addr,
+                                                                size)),
+                       ("get_like", lambda i: ctypes.memmove(one_addr, arena_addr + i * size,
+                                                                size))):
+        ns = []
+        for i in range(ops):
+            t0 = pc(); copy(i); ns.append(pc() - t0)
+        total = sum(ns) / 1e9
+        out[name] = {"mbps": size * ops / total / 1e6, "ops": ops}
+    emit("RESULT", out)
 
 
 def _listen(a: dict):
@@ -169,6 +198,7 @@ def role_fdatasync(a: dict) -> None:
                     "p99_us": percentile(latencies, 99) / 1e3})
 
 
-ROLES = {"fdatasync": role_fdatasync, "memcpy": role_memcpy, "sock_recv": role_sock_recv,
+ROLES = {"fdatasync": role_fdatasync, "memcpy": role_memcpy, "memcpy_like": role_memcpy_like,
+         "sock_recv": role_sock_recv,
          "sock_send": role_sock_send,
          "pingpong_srv": role_pingpong_srv, "pingpong_cli": role_pingpong_cli}

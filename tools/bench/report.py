@@ -33,6 +33,8 @@ def human_size(n) -> str:
 def fmt(v) -> str:
     if v is None:
         return "-"
+    if isinstance(v, str):
+        return v
     if v >= 1000:
         return f"{v:,.0f}"
     if v >= 100:
@@ -51,25 +53,55 @@ class Results:
         self.rows = rows or []
 
     def add(self, placement, system, op, size, unit, values, p50=None, p99=None, noise=None,
-            n=None, note="", errors=0) -> None:
-        values = [v for v in values if v is not None]
-        if not values:
+            n=None, note="", errors=0, cpu=None, checked=0, bad=0) -> None:
+        """values: one per trial; None = a trial that failed (kept: it is counted and makes the
+        row FAIL). cpu: per trial {"units", "bytes", "wall_s", "server_cpu_s",
+        "client_cpu_s"}. checked / bad: values read back and checked / that did not match."""
+        trials = list(values)
+        if not trials:
             return
+        ok = [v for v in trials if v is not None]
+        failed_trials = len(trials) - len(ok)
         noise = noise or []
-        self.rows.append({
+        p50 = [x for x in (p50 or []) if x is not None]
+        p99 = [x for x in (p99 or []) if x is not None]
+        row = {
             "placement": placement, "system": system, "op": op, "size": size, "unit": unit,
-            "trials": values, "median": statistics.median(values),
-            "min": min(values), "max": max(values),
+            "trials": trials, "trials_ok": len(ok), "failed_trials": failed_trials,
+            "median": statistics.median(ok) if ok else None,
+            "min": min(ok) if ok else None, "max": max(ok) if ok else None,
             "p50_us": statistics.median(p50) if p50 else None,
             "p99_us": statistics.median(p99) if p99 else None,
-            "p50_us_trials": p50 or [], "p99_us_trials": p99 or [],
+            "p50_us_trials": p50, "p99_us_trials": p99,
             "other_cpu_pct_trials": [z["other"] for z in noise],
             "steal_pct_trials": [z["steal"] for z in noise],
-            "n": n, "failed_ops": errors, "note": note})
+            "n": n, "failed_ops": errors, "checked": checked, "check_failed": bad,
+            "note": note}
+        if cpu:
+            units = sum(c["units"] for c in cpu)
+            wall = sum(c.get("wall_s") or 0 for c in cpu)
+            srv = sum(c["server_cpu_s"] for c in cpu)
+            cli = sum(c["client_cpu_s"] for c in cpu)
+            nbytes = sum(c.get("bytes") or 0 for c in cpu)
+            row["cpu"] = {
+                "units": units, "bytes": nbytes, "wall_s": wall, "server_cpu_s": srv,
+                "client_cpu_s": cli,
+                "units_per_wall_s": units / wall if wall else None,
+                # clock ticks are 10 ms: under one tick in all, the servers' share is "< 1 tick"
+                "units_per_server_cpu_s": units / srv if srv > 0 else None,
+                "units_per_client_cpu_s": units / cli if cli > 0 else None,
+                "mb_per_server_cpu_s": nbytes / srv / 1e6 if srv > 0 and nbytes else None,
+                "server_cpu_us_per_unit": 1e6 * srv / units if units else None}
+        row["status"] = "FAIL" if (errors or bad or failed_trials) else "ok"
+        self.rows.append(row)
 
     def get(self, placement, system, op, size=None):
         row = self.row(placement, system, op, size)
         return None if row is None else row["median"]
+
+    def failed(self, placement, system, op, size=None) -> bool:
+        row = self.row(placement, system, op, size)
+        return row is not None and row["status"] == "FAIL"
 
     def row(self, placement, system, op, size=None):
         for r in self.rows:
@@ -79,12 +111,13 @@ class Results:
 
 
 CLUSTER_OPS = ("cl_", "cross_", "failover_", "transfer_")  # op prefixes of the cluster section
+REPLAY_OPS = ("replay_",)
 
 
 def has_main(res: Results, pl: str) -> bool:
     """Whether the placement has rows of the main sections (not only the cluster section)."""
     return any(r["placement"] == pl and r["system"] != "machine"
-               and not r["op"].startswith(CLUSTER_OPS) for r in res.rows)
+               and not r["op"].startswith(CLUSTER_OPS + REPLAY_OPS) for r in res.rows)
 
 
 def has_cluster(res: Results, pl: str) -> bool:
@@ -123,44 +156,83 @@ def render_machine(res: Results, placements) -> str:
     return "Machine limits (median of trials)\n\n" + table(["limit", "median", "unit"], rows)
 
 
-def render_placement(res: Results, pl: str, label: str, sizes: list) -> str:
+SYSTEMS = [("mooncaked", "mcd"), ("mooncaked+bp", "mcd+bp"), ("mooncaked-facade", "facade"),
+           ("mooncaked@asyncio", "mcd@asyncio"), ("mooncake", "MC"),
+           ("mooncake-daemon", "MC daemon"), ("redis", "Redis")]
+RATIOS = [("mooncake", "mcd/MC"), ("mooncake-daemon", "mcd/MC daemon"), ("redis", "mcd/Redis")]
+
+
+def cell(row, key="median") -> str:
+    """A row's value, marked FAIL when the row failed (failed ops, checks or trials)."""
+    if row is None:
+        return "-"
+    if key == "median":
+        value = row["median"]
+    else:
+        value = (row.get("cpu") or {}).get(key)
+        if value is None and row.get("cpu"):
+            return "<1 tick" if key == "units_per_server_cpu_s" else "-"
+    text = fmt(value)
+    if row["status"] == "FAIL":
+        text += " FAIL"
+    if row.get("failed_trials"):
+        text += f" ({row['trials_ok']}/{len(row['trials'])} trials)"
+    return text
+
+
+def systems_table(res: Results, pl: str, lines: list, key: str = "median") -> str:
+    """lines: (label, op, size). One column per system that has rows here; mooncaked's
+    (busy polling off) ratios to Mooncake, Mooncake's daemon mode and Redis."""
+    present = [(s, name) for s, name in SYSTEMS
+               if any(res.row(pl, s, op, size) for _, op, size in lines)]
+    ratios = [(s, name) for s, name in RATIOS if any(s == p for p, _ in present)]
+    rows = []
+    for label, op, size in lines:
+        row = [label] + [cell(res.row(pl, s, op, size), key) for s, _ in present]
+        a = res.row(pl, "mooncaked", op, size)
+        for s, _ in ratios:
+            b = res.row(pl, s, op, size)
+            if key == "median":
+                row.append(ratio(a and a["median"], b and b["median"]))
+            else:
+                row.append(ratio((a or {}).get("cpu", {}).get(key),
+                                 (b or {}).get("cpu", {}).get(key)))
+        rows.append(row)
+    return table(["row"] + [name for _, name in present] + [name for _, name in ratios], rows)
+
+
+def render_placement(res: Results, pl: str, label: str, sizes: list, info: dict) -> str:
     g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
-    mem = memcpy_mbps(res)
     out = [f"## Placement `{pl}`: {label}"]
-
-    rows = []
-    for size in sizes:
-        row = [human_size(size)]
-        for op, rop in (("put", "put"), ("get", "get")):
-            a, f, m, r = g("mooncaked", op, size), g("mooncaked-facade", op, size), \
-                g("mooncake", op, size), g("redis", rop, size)
-            row += [fmt(a), fmt(f), fmt(m), fmt(r), ratio(a, m), ratio(a, r)]
-        rows.append(row)
+    bp = info.get("busy_poll_us", {})
+    out.append("Rows: `mcd` = mooncaked (BlockingClient, default loop) with busy polling OFF "
+               "(busy_poll_us = 0), the row every target uses; `mcd+bp` = the same client "
+               "against a daemon with busy_poll_us = "
+               f"{bp.get(f'mooncaked+bp [{pl}]', '-')} (only where the servers have a CPU the "
+               "clients do not use); `facade` = mooncaked's MooncakeDistributedStore; `MC` = "
+               "Mooncake in-process (its own segment, local memcpy); `MC daemon` = Mooncake's "
+               "client of its `mooncake_client` store process (setup_dummy, shared memory "
+               "pool); `Redis` = redis-py + hiredis over the Unix socket. Mooncake, Redis and "
+               "the asyncio daemon never busy-poll. `FAIL` = failed ops, failed read-back "
+               "checks or failed trials in that row, whatever its speed.")
+    byte_lines = [(human_size(size), op, size) for op in ("put", "get") for size in sizes]
+    byte_lines = [(f"{op} {lbl}", op, size) for lbl, op, size in byte_lines]
     out.append("put / get of bytes, MB/s (one client, one op in flight; Redis = SET / GET)\n\n"
-               + table(["size", "mcd put", "facade put", "MC put", "Redis SET", "mcd/MC",
-                        "mcd/Redis", "mcd get", "facade get", "MC get", "Redis GET", "mcd/MC",
-                        "mcd/Redis"], rows))
-
-    rows = []
-    for size in sizes:
-        row = [human_size(size)]
-        for op in ("put_from", "get_into"):
-            a, f, m = g("mooncaked", op, size), g("mooncaked-facade", op, size), \
-                g("mooncake", op, size)
-            row += [fmt(a), fmt(f), fmt(m), ratio(a, m), ratio(f, m),
-                    f"{100 * a / mem:.0f}%" if a and mem else "-"]
-        rows.append(row)
+               + systems_table(res, pl, byte_lines))
+    zc_lines = [(f"{op} {human_size(size)}", op, size) for op in ("put_from", "get_into")
+                for size in sizes]
     out.append("put_from / get_into, MB/s (mooncaked: shared memory over the Unix socket; "
-               "Mooncake: registered buffer, local memcpy; % memcpy: of numpy.copyto of 256 MiB, "
-               "which is DRAM-bound, so a 16 MiB copy whose source stays in cache can exceed "
-               "100 %)\n\n"
-               + table(["size", "mcd put_from", "facade", "MC", "mcd/MC", "facade/MC",
-                        "mcd % memcpy", "mcd get_into", "facade", "MC", "mcd/MC", "facade/MC",
-                        "mcd % memcpy"], rows))
-
+               "Mooncake in-process: registered buffer, local memcpy; MC daemon: a buffer from "
+               "its shared memory pool)\n\n" + systems_table(res, pl, zc_lines))
+    like = [(op, g("machine", f"memcpy_{kind}_like", 16 * MiB), g("mooncaked", op, 16 * MiB))
+            for op, kind in (("put_from", "put"), ("get_into", "get"))]
+    out[-1] += ("\n\nThe same copies as plain memcpy (16 MiB, same count, same buffer reuse, "
+                "client CPU): " + "; ".join(
+                    f"{op}: memcpy {fmt(m)} MB/s, mooncaked {fmt(a)} MB/s = "
+                    + (f"{100 * a / m:.0f}%" if a and m else "-") for op, m, a in like) + ".")
     fresh = [(name, g(system, "put_from_fresh_client", 16 * MiB), g(system, "populate_mapping"))
              for name, system in (("BlockingClient", "mooncaked"), ("facade", "mooncaked-facade"))]
-    out[-1] += ("\n\nmooncaked rows above run after the client populated its mapping of the "
+    out[-1] += ("\n\nmooncaked rows run after the client populated its mapping of the "
                 "segment (as Mooncake's worker first fills its own segment). A fresh client's "
                 "first put_from of 16 MiB: " + "; ".join(
                     f"{name} {fmt(cold)} MB/s (populating its whole mapping: {fmt(pop)} GB/s)"
@@ -168,38 +240,77 @@ def render_placement(res: Results, pl: str, label: str, sizes: list) -> str:
                 + (f"prefaulted at start-up, READY after {fmt(g('mooncaked', 'startup'))} s"
                    if g("mooncaked", "startup") is not None else
                    f"cold fill {fmt(g('mooncaked', 'cold_fill'))} MB/s")
-                + f"; Mooncake's cold fill {fmt(g('mooncake', 'cold_fill'))} MB/s.")
-
-    rows = []
-    for r in res.rows:
-        if r["placement"] == pl and r["system"] == "mooncaked" and r["op"].startswith("batch_") \
-                and r["unit"] == "MB/s":
-            a, f, m = r["median"], g("mooncaked-facade", r["op"], r["size"]), \
-                g("mooncake", r["op"], r["size"])
-            rows.append([f"{r['op']} {human_size(r['size'])}", fmt(a), fmt(f), fmt(m),
-                         ratio(a, m), ratio(f, m)])
-    out.append("Batches, MB/s (latency per batch)\n\n"
-               + table(["batch", "mooncaked", "facade", "Mooncake", "mcd/MC", "facade/MC"], rows))
-
-    rows = []
-    for op, name in (("exists_1p", "exists, 1 client"), ("exists_2p", "exists, 2 clients"),
-                     ("put_1p", "put 4 KiB, 1 client"), ("put_2p", "put 4 KiB, 2 clients"),
-                     ("batch_exists_1p", "batched exists x128, 1 client (keys/s)")):
-        a, s, m, r = g("mooncaked", op), g("mooncaked@asyncio", op), g("mooncake", op), \
-            g("redis", op)
-        rows.append([name, fmt(a), fmt(s), ratio(a, s), fmt(m), fmt(r), ratio(a, m), ratio(a, r)])
+                + f"; Mooncake's cold fill {fmt(g('mooncake', 'cold_fill'))} MB/s in-process, "
+                  f"{fmt(g('mooncake-daemon', 'cold_fill'))} MB/s into mooncake_client.")
+    batch_sizes = sorted({r["size"] for r in res.rows if r["placement"] == pl
+                          and r["op"] == "batch_put_from"}, key=str)
+    batch_lines = [(f"{op} {human_size(size)}", op, size)
+                   for op in ("batch_put_from", "batch_get_into") for size in batch_sizes]
+    out.append("Batches, MB/s (latency per batch)\n\n" + systems_table(res, pl, batch_lines))
+    rate_lines = [(name, op, None) for op, name in (
+        ("exists_1p", "exists, 1 client"), ("exists_2p", "exists, 2 clients"),
+        ("put_1p", "put 4 KiB, 1 client"), ("put_2p", "put 4 KiB, 2 clients"),
+        ("batch_exists_1p", "batched exists x128, 1 client (keys/s)"))]
     single, batched = g("mooncaked", "exists_1p"), g("mooncaked", "batch_exists_1p")
-    out.append("Small ops, aggregate ops/s over a fixed window (Redis batched = pipeline of 128 "
-               "EXISTS)\n\n"
-               + table(["op", "mcd", "mcd@asyncio", "loop/asyncio", "MC", "Redis", "mcd/MC",
-                        "mcd/Redis"], rows)
-               + f"\n\nmooncaked batched exists: {ratio(batched, single)} the single-call rate "
-                 "in keys/s")
+    out.append("Small ops, aggregate successful ops/s over a fixed window (Mooncake's batched "
+               "exists = batch_is_exist, Redis' = a pipeline of 128 EXISTS, of the same "
+               "keys)\n\n" + systems_table(res, pl, rate_lines)
+               + f"\n\nmooncaked batched exists: {ratio(batched, single)} its own single-call "
+                 "rate in keys/s (information; the target compares with Mooncake).")
+    cpu_lines = byte_lines + zc_lines + batch_lines + rate_lines
+    out.append("Server CPU: operations per second of the servers' CPU time (utime + stime of "
+               "every server process from /proc/PID/stat before and after each row: mooncaked; "
+               "mooncake_master, plus mooncake_client in daemon mode; redis-server). Mooncake "
+               "in-process copies in the client process, so its servers' share is small: read "
+               "it beside the client CPU table below. Compare with the ops per wall-second "
+               "above.\n\n" + systems_table(res, pl, cpu_lines, "units_per_server_cpu_s")
+               + "\n\nClient CPU: operations per second of the client process's CPU time "
+                 "(inside the timed calls; rates: the whole window)\n\n"
+               + systems_table(res, pl, cpu_lines, "units_per_client_cpu_s"))
     return "\n\n".join(out)
 
 
+def render_replay(res: Results, info: dict) -> str:
+    r = info.get("replay") or {}
+    if not r:
+        return ""
+    pl = r["placement"]
+    best = r["ideal"]
+    rows = []
+    for system, name in SYSTEMS:
+        req = res.row(pl, system, "replay_requests")
+        if req is None:
+            continue
+        blocks, gb = res.row(pl, system, "replay_blocks"), res.row(pl, system, "replay_gbps")
+        hb, ht = res.row(pl, system, "replay_hit_blocks"), res.row(pl, system, "replay_hit_tokens")
+        c = req.get("cpu") or {}
+        rows.append([name, cell(req), fmt(blocks and blocks["median"]), fmt(gb and gb["median"]),
+                     fmt(req["p50_us"] and req["p50_us"] / 1e3),
+                     fmt(req["p99_us"] and req["p99_us"] / 1e3),
+                     fmt(hb and hb["median"]), fmt(ht and ht["median"]),
+                     fmt(c.get("server_cpu_us_per_unit") and c["server_cpu_us_per_unit"] / 1e3),
+                     str(req["failed_ops"]), f"{req['checked']}/{req['check_failed']}",
+                     ratio(res.get(pl, "mooncaked", "replay_requests"), req["median"])])
+    cap = human_size(r["capacity_bytes"])
+    return (f"## Trace replay, placement `{pl}`\n\n"
+            f"{r['shape']}. The first {r['requests']} requests of {r['trace']} in trace order: "
+            f"{best['blocks']} blocks ({best['unique_blocks']} distinct), {best['tokens']} "
+            f"tokens. Per request: batch-exists its blocks, one batched get of the leading "
+            f"hits, one batched put of the blocks that did not exist (batches split at "
+            f"{human_size(r['max_batch_bytes'])}). Capacity {cap} per store"
+            + (" (unlimited: every distinct block fits at 80 %)" if r["unlimited"] else
+               " (limited: each store's eviction decides)")
+            + f"; every store fresh per trial; trials alternate between the systems. Ideal hit "
+              f"rate (every block ever stored still there): {100 * best['hit_rate_blocks']:.2f} % "
+              f"of blocks, {100 * best['hit_rate_tokens']:.2f} % of tokens. Throughput over the "
+              "sum of the requests' timed store calls; medians over trials.\n\n"
+            + table(["system", "requests/s", "blocks/s", "GB/s", "p50 ms", "p99 ms",
+                     "hit % blocks", "hit % tokens", "server CPU ms/request", "failed ops",
+                     "checked/bad", "mcd / this"], rows))
+
+
 def spread(row) -> str:
-    return "-" if row is None else f"{fmt(row['min'])}-{fmt(row['max'])}"
+    return "-" if row is None or row["median"] is None else f"{fmt(row['min'])}-{fmt(row['max'])}"
 
 
 def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:
@@ -284,65 +395,107 @@ def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:
                      ("transfer_put_gap", "transfer-leader: longest gap between puts")):
         r = res.row(pl, "mcd-3node", op)
         if r is not None:
-            rows.append([name, fmt(r["median"]), spread(r), str(len(r["trials"]))])
+            rows.append([name, fmt(r["median"]), spread(r),
+                         f"{r.get('trials_ok', len(r['trials']))}/{len(r['trials'])}",
+                         "FAIL" if r.get("failed_trials") else "ok"])
     failover = c.get("failover", {}).get(pl, {})
     if rows:
         out.append("Leader failover and handover, ms (a client puts 4 KiB in a loop through a "
                    "follower; medians, min-max over trials)\n\n"
-                   + table(["measurement", "median ms", "min-max", "trials"], rows)
+                   + table(["measurement", "median ms", "min-max", "trials ok/run", "status"],
+                           rows)
                    + f"\n\nFailed puts during these trials: {failover.get('failed_puts', 0)}; "
                      f"error codes after the event: {failover.get('put_errors_seen') or '-'}.")
     return "\n\n".join(out)
 
 
-def targets(res: Results, placements: list[str], loops: dict) -> list[dict]:
-    """The issue's targets, per placement: measured ratio vs threshold."""
+def targets(res: Results, placements: list[str], loops: dict, info: dict | None = None) \
+        -> list[dict]:
+    """The issue's targets, per placement: measured ratio vs threshold. mooncaked's rows are
+    the ones with busy polling off. A target whose rows failed (failed ops, checks or trials)
+    is FAIL whatever its ratio."""
     out = []
-    mem = memcpy_mbps(res)
 
-    def add(pl, name, value, threshold, basis, verdict=None):
+    def add(pl, name, value, threshold, basis, verdict=None, rows=()):
+        failed = [f"{r['system']} {r['op']}" for r in rows if r is not None
+                  and r["status"] == "FAIL"]
         status = "-" if value is None else ("PASS" if value >= threshold else "FAIL")
+        if failed:
+            status, basis = "FAIL", f"{basis}; FAILED ROWS: {', '.join(failed)}"
         out.append({"placement": pl, "target": name, "ratio": value, "threshold": threshold,
                     "basis": basis, "status": verdict or status})
 
     div = lambda a, b: a / b if a is not None and b else None  # noqa: E731
     for pl in placements:
         g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
+        row = lambda system, op, size=None: res.row(pl, system, op, size)  # noqa: E731
         if not has_main(res, pl):
             continue
-        for size, threshold in ((MiB, 1.5), (16 * MiB, 1.0)):
-            for op in ("put_from", "get_into"):
-                add(pl, f"{op} {human_size(size)} >= {threshold}x Mooncake",
-                    div(g("mooncaked", op, size), g("mooncake", op, size)), threshold,
-                    f"{fmt(g('mooncaked', op, size))} / {fmt(g('mooncake', op, size))} MB/s")
-        for op in ("put_from", "get_into"):
-            a = g("mooncaked", op, 16 * MiB)
-            add(pl, f"{op} 16 MiB >= 60% of memcpy", div(a, mem), 0.6,
-                f"{fmt(a)} / {fmt(mem)} MB/s")
-        for size in (64 * KiB, MiB):
-            for op in ("put", "get"):
-                add(pl, f"{op} {human_size(size)} >= 1.0x Mooncake",
-                    div(g("mooncaked", op, size), g("mooncake", op, size)), 1.0,
-                    f"{fmt(g('mooncaked', op, size))} / {fmt(g('mooncake', op, size))} MB/s")
-        for op, name in (("exists_1p", "exists"), ("put_1p", "put 4 KiB")):
-            add(pl, f"{name} ops/s, 1 client >= 1.5x Mooncake",
-                div(g("mooncaked", op), g("mooncake", op)), 1.5,
-                f"{fmt(g('mooncaked', op))} / {fmt(g('mooncake', op))} ops/s")
-        add(pl, "batched exists x128 >= 10x single-call rate (keys/s)",
-            div(g("mooncaked", "batch_exists_1p"), g("mooncaked", "exists_1p")), 10.0,
-            f"{fmt(g('mooncaked', 'batch_exists_1p'))} keys/s / "
-            f"{fmt(g('mooncaked', 'exists_1p'))} ops/s")
+        refs = [(s, name) for s, name in (("mooncake", "Mooncake"),
+                                          ("mooncake-daemon", "Mooncake daemon mode"))
+                if any(r["placement"] == pl and r["system"] == s for r in res.rows)]
+        for ref, ref_name in refs:
+            for size, threshold in ((MiB, 1.5), (16 * MiB, 1.0)):
+                for op in ("put_from", "get_into"):
+                    add(pl, f"{op} {human_size(size)} >= {threshold}x {ref_name}",
+                        div(g("mooncaked", op, size), g(ref, op, size)), threshold,
+                        f"{fmt(g('mooncaked', op, size))} / {fmt(g(ref, op, size))} MB/s",
+                        rows=(row("mooncaked", op, size), row(ref, op, size)))
+        for op, kind in (("put_from", "put"), ("get_into", "get")):
+            a, m = g("mooncaked", op, 16 * MiB), g("machine", f"memcpy_{kind}_like", 16 * MiB)
+            add(pl, f"{op} 16 MiB >= 60% of memcpy (same size, count and buffer reuse)",
+                div(a, m), 0.6, f"{fmt(a)} / {fmt(m)} MB/s",
+                rows=(row("mooncaked", op, 16 * MiB),))
+        for ref, ref_name in refs:
+            for size in (64 * KiB, MiB):
+                for op in ("put", "get"):
+                    add(pl, f"{op} {human_size(size)} >= 1.0x {ref_name}",
+                        div(g("mooncaked", op, size), g(ref, op, size)), 1.0,
+                        f"{fmt(g('mooncaked', op, size))} / {fmt(g(ref, op, size))} MB/s",
+                        rows=(row("mooncaked", op, size), row(ref, op, size)))
+            for op, name in (("exists_1p", "exists"), ("put_1p", "put 4 KiB")):
+                add(pl, f"{name} ops/s, 1 client >= 1.5x {ref_name}",
+                    div(g("mooncaked", op), g(ref, op)), 1.5,
+                    f"{fmt(g('mooncaked', op))} / {fmt(g(ref, op))} ops/s",
+                    rows=(row("mooncaked", op), row(ref, op)))
+            add(pl, f"batched exists x128 (keys/s) >= 1.5x {ref_name}'s batch_is_exist of the "
+                    "same keys",
+                div(g("mooncaked", "batch_exists_1p"), g(ref, "batch_exists_1p")), 1.5,
+                f"{fmt(g('mooncaked', 'batch_exists_1p'))} / "
+                f"{fmt(g(ref, 'batch_exists_1p'))} keys/s",
+                rows=(row("mooncaked", "batch_exists_1p"), row(ref, "batch_exists_1p")))
         default_loop = loops.get(f"mooncaked [{pl}]")
         asyncio_loop = loops.get(f"mooncaked@asyncio [{pl}]")
         same = default_loop is not None and default_loop == asyncio_loop
         for op, name in (("exists_1p", "exists, 1 client"), ("exists_2p", "exists, 2 clients"),
                          ("put_1p", "put 4 KiB, 1 client"), ("put_2p", "put 4 KiB, 2 clients")):
-            add(pl, f"our loop >= 1.3x asyncio: {name}",
+            add(pl, f"our loop >= 1.3x asyncio (both busy polling off): {name}",
                 div(g("mooncaked", op), g("mooncaked@asyncio", op)), 1.3,
                 f"loop {default_loop!r} vs {asyncio_loop!r}",
-                verdict=f"SAME LOOP ({default_loop})" if same else None)
+                verdict=f"SAME LOOP ({default_loop})" if same else None,
+                rows=(row("mooncaked", op), row("mooncaked@asyncio", op)))
+    replay = (info or {}).get("replay") or {}
+    if replay:
+        pl = replay["placement"]
+        row = lambda system, op: res.row(pl, system, op)  # noqa: E731
+        a, m = res.get(pl, "mooncaked", "replay_requests"), res.get(pl, "mooncake",
+                                                                       "replay_requests")
+        add(pl, "trace replay requests/s >= 1.5x Mooncake", div(a, m), 1.5,
+            f"{fmt(a)} / {fmt(m)} requests/s",
+            rows=(row("mooncaked", "replay_requests"), row("mooncake", "replay_requests")))
+        if replay.get("unlimited"):
+            for key, op in (("hit_rate_blocks", "replay_hit_blocks"),
+                            ("hit_rate_tokens", "replay_hit_tokens")):
+                got = res.get(pl, "mooncaked", op)
+                want = 100 * replay["ideal"][key]
+                equal = got is not None and abs(got - want) < 1e-9
+                add(pl, f"trace replay hit rate ({op.rsplit('_', 1)[1]}) = the ideal, "
+                        "capacity unlimited", None if got is None else (1.0 if equal else 0.0),
+                    1.0, f"{fmt(got)} % vs ideal {fmt(want)} %",
+                    rows=(row("mooncaked", op),))
     for pl in placements:  # the cluster section's targets
         g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
+        row = lambda system, op, size=None: res.row(pl, system, op, size)  # noqa: E731
         if not has_cluster(res, pl):
             continue
         for system, where in (("mcd-3node-follower", "a follower"),
@@ -350,14 +503,16 @@ def targets(res: Results, placements: list[str], loops: dict) -> list[dict]:
             add(pl, f"cluster put 4 KiB ops/s, 1 client on {where}, 3 nodes, "
                     f"fsync=batch >= 1.0x Mooncake",
                 div(g(system, "cl_put_1p"), g("mooncake", "cl_put_1p")), 1.0,
-                f"{fmt(g(system, 'cl_put_1p'))} / {fmt(g('mooncake', 'cl_put_1p'))} ops/s")
+                f"{fmt(g(system, 'cl_put_1p'))} / {fmt(g('mooncake', 'cl_put_1p'))} ops/s",
+                rows=(row(system, "cl_put_1p"), row("mooncake", "cl_put_1p")))
         for size in (MiB, 16 * MiB):
             for system, where in (("mcd-3node-via-follower", "follower"),
                                   ("mcd-3node-via-leader", "leader")):
                 a, m = g(system, "cross_get", size), g("mooncake", "cross_get", size)
                 add(pl, f"cross-node get {human_size(size)} (client on the {where}) "
                         f">= 2.0x Mooncake cross-client TCP get", div(a, m), 2.0,
-                    f"{fmt(a)} / {fmt(m)} MB/s")
+                    f"{fmt(a)} / {fmt(m)} MB/s",
+                    rows=(row(system, "cross_get", size), row("mooncake", "cross_get", size)))
     return out
 
 
@@ -377,20 +532,50 @@ def render_targets(rows: list[dict]) -> str:
 def render_all(res: Results) -> str:
     body = []
     for r in res.rows:
-        spread = (r["max"] - r["min"]) / 2 / r["median"] * 100 if r["median"] else 0
+        med = r["median"]
+        spread = (r["max"] - r["min"]) / 2 / med * 100 if med else 0
         noise = "-"
         if r["other_cpu_pct_trials"]:
             noise = f"{max(r['other_cpu_pct_trials']):.0f}/{max(r['steal_pct_trials']):.0f}"
         size = "" if r["size"] is None else human_size(r["size"])
-        body.append([f"{r['placement']} {r['system']} {r['op']} {size}".strip(), fmt(r["median"]),
-                     r["unit"], f"{fmt(r['min'])}-{fmt(r['max'])} (±{spread:.0f}%)",
+        c = r.get("cpu") or {}
+        srv = c.get("units_per_server_cpu_s")
+        body.append([f"{r['placement']} {r['system']} {r['op']} {size}".strip(), fmt(med),
+                     r["unit"], "-" if med is None else
+                     f"{fmt(r['min'])}-{fmt(r['max'])} (±{spread:.0f}%)",
+                     f"{r.get('trials_ok', len(r['trials']))}/{len(r['trials'])}",
                      fmt(r["p50_us"]), fmt(r["p99_us"]), str(r["n"] or "-"),
-                     str(r.get("failed_ops") or "-"), noise, r["note"]])
-    return ("All measurements (median over trials; spread = min-max over trials; p50/p99 = "
-            "median over trials of each trial's per-op percentile; other/steal = max over "
+                     fmt(c.get("units_per_wall_s")),
+                     fmt(srv) if srv is not None else ("<1 tick" if c else "-"),
+                     fmt(c.get("units_per_client_cpu_s")),
+                     str(r.get("failed_ops") or "-"),
+                     f"{r.get('checked', 0)}/{r.get('check_failed', 0)}"
+                     if r.get("checked") else "-",
+                     r.get("status", "ok"), noise, r["note"]])
+    return ("All measurements (median over trials of the successful trials; trials = ok/run; "
+            "spread = min-max over trials; p50/p99 = median over trials of each trial's per-op "
+            "percentile; ops/wall-s = operations (keys for batched exists, requests for the "
+            "replay) over the summed per-op latencies or the window; ops/srv-CPU-s = the same "
+            "operations over the CPU seconds of the servers (/proc/PID/stat of every server "
+            "process: mooncaked; mooncake_master and mooncake_client; redis-server), '<1 tick' "
+            "when they used under one 10 ms clock tick in all; ops/cli-CPU-s = over the client "
+            "process's CPU seconds; failed = failed operations (keys in batches); checked/bad = "
+            "values read back after the timed loops and checked byte for byte / mismatches; "
+            "status FAIL = failed ops, failed checks or failed trials; other/steal = max over "
             "trials of CPU used by other processes / hypervisor steal, % of the machine)\n\n"
-            + table(["measurement", "median", "unit", "spread", "p50 µs", "p99 µs", "n/trial",
-                     "failed", "other/steal %", "note"], body))
+            + table(["measurement", "median", "unit", "spread", "trials", "p50 µs", "p99 µs",
+                     "n/trial", "ops/wall-s", "ops/srv-CPU-s", "ops/cli-CPU-s", "failed",
+                     "checked/bad", "status", "other/steal %", "note"], body))
+
+
+def machine_line(res: Results, info: dict) -> str:
+    env = info["env"]
+    pl0 = next(iter(info["placements"]), "-")
+    return (f"Machine: {env.get('cpu_model', env['cpu'])}, {env.get('cpu_count', '?')} CPUs, "
+            f"{env['memory']}; this run's memcpy {fmt(res.get('-', 'machine', 'memcpy_numpy'))} "
+            f"GB/s (numpy.copyto 256 MiB), TCP loopback bulk "
+            f"{fmt(res.get(pl0, 'machine', 'tcp_bulk'))} GB/s, Unix-socket ping-pong "
+            f"{fmt(res.get(pl0, 'machine', 'unix_pingpong'))} ops/s (placement {pl0}).")
 
 
 def render(res: Results, info: dict) -> str:
@@ -398,42 +583,58 @@ def render(res: Results, info: dict) -> str:
     sizes = [s for s, _ in info["config"]["sizes"]]
     env = info["env"]
     head = [f"# mooncaked vs Mooncake Store vs Redis — {env['date_utc']} UTC",
-            f"{info['config']['trials']} trial(s) per measurement, each in fresh processes; "
-            f"every number is the median over trials. MB/s = 10^6 B/s. Single-op throughput = "
-            f"bytes / sum of per-op latencies. {env['cpu']}; kernel {env['kernel']}; "
-            f"Mooncake {env['mooncake']}; {env['redis_server'].split(' sha=')[0]}; redis-py "
-            f"{env['redis_py']}; mooncaked from {env['mooncaked_src']} "
-            f"({env['mooncaked_commit']}"
-            f"{' + uncommitted changes' if env['mooncaked_tree_dirty'] else ''})."]
+            f"Command: `{info.get('argv', '?')}`; commit {env['mooncaked_commit']}"
+            f"{' + uncommitted changes' if env['mooncaked_tree_dirty'] else ''} (mooncaked "
+            f"from {env['mooncaked_src']}); bench commit {env.get('bench_commit', '?')}"
+            f"{' + uncommitted changes' if env.get('bench_tree_dirty') else ''}.",
+            machine_line(res, info),
+            f"{info['config']['trials']} trial(s) per measurement, each in fresh processes, the "
+            f"systems' trials alternating; every number is the median over trials. MB/s = 10^6 "
+            f"B/s. Single-op throughput = bytes / sum of per-op latencies. Kernel "
+            f"{env['kernel']}; Mooncake {env['mooncake']}; "
+            f"{env['redis_server'].split(' sha=')[0]}; redis-py {env['redis_py']}.",
+            "Log level of every server: " + ", ".join(
+                f"{k} {v}" for k, v in (env.get("log_levels") or {}).items()) + "."]
+    modes = info.get("mooncake_transfer_mode") or {}
+    if modes:
+        head.append("Mooncake's transfer mode, from its logs (the in-process workers' and "
+                    "mooncake_client's): " + "; ".join(
+                        f"[{pl}] " + (", ".join(f"{k} (x{n})" for k, n in seen.items())
+                                      or "NO LINE FOUND") for pl, seen in modes.items()))
+    if info.get("busy_poll_us"):
+        head.append("busy_poll_us of each mooncaked daemon (targets use the 0 rows): " + ", ".join(
+            f"{k} = {v}" for k, v in info["busy_poll_us"].items()))
     if info["loops"]:
         head.append("mooncaked loops (status()['loop']): " + ", ".join(
             f"{k} = {v!r}" for k, v in info["loops"].items()))
     if info.get("loop_reasons"):
-        head.append("mooncaked loop choice (status()['loop_reason']; busy poll is set where the "
-                    "daemon has a CPU its clients do not use): " + "; ".join(
-                        f"{k}: {v}" for k, v in info["loop_reasons"].items()))
+        head.append("mooncaked loop choice (status()['loop_reason']): " + "; ".join(
+            f"{k}: {v}" for k, v in info["loop_reasons"].items()))
     if info.get("drain_wait_s"):
         head.append(f"mooncaked workers waited {info['drain_wait_s']:.0f} s in all (untimed) for "
                     "the previous trial's leased values to be freed")
     if info["errors"]:
-        head.append("SECTIONS THAT FAILED: " + "; ".join(info["errors"]))
+        head.append("ERRORS: " + "; ".join(info["errors"]))
     failed = {}
     for r in res.rows:
-        if r.get("failed_ops"):
-            failed[r["system"]] = failed.get(r["system"], 0) + r["failed_ops"]
+        if r.get("status") == "FAIL":
+            failed[r["system"]] = failed.get(r["system"], 0) + 1
     if failed:
-        head.append("FAILED OPS (see the 'failed' column): " + ", ".join(
+        head.append("ROWS THAT FAILED (failed ops, checks or trials; status column): " + ", ".join(
             f"{k} {v}" for k, v in failed.items()))
     parts = ["\n".join(head)]
     if any(r["system"] == "machine" and r["op"] != "fdatasync_4k" for r in res.rows):
         parts.append(render_machine(res, placements))
     for pl in placements:
         if has_main(res, pl):
-            parts.append(render_placement(res, pl, info["placements"][pl], sizes))
+            parts.append(render_placement(res, pl, info["placements"][pl], sizes, info))
     for pl in placements:
         if has_cluster(res, pl):
             parts.append(render_cluster(res, pl, info["placements"][pl], info))
-    parts.append(render_targets(targets(res, placements, info["loops"])))
+    replay = render_replay(res, info)
+    if replay:
+        parts.append(replay)
+    parts.append(render_targets(targets(res, placements, info["loops"], info)))
     parts.append(render_all(res))
     parts.append("Servers started (each stopped by PID at the end)\n\n" + "\n".join(
         f"    # {k}\n    {v}" for k, v in info["servers"].items()))
@@ -447,13 +648,13 @@ def write(res: Results, info: dict, text: str, out_dir: str, venv_python: str) -
     stamp = info["env"]["date_utc"].replace(" ", "T").replace(":", "")
     base = os.path.join(out_dir, f"bench-{stamp}")
     data = {"info": info, "rows": res.rows,
-            "targets": targets(res, list(info["placements"]), info["loops"])}
+            "targets": targets(res, list(info["placements"]), info["loops"], info)}
     with open(base + ".json", "w") as f:
         json.dump(data, f, indent=1, default=str)
     with open(base + ".md", "w") as f:
         f.write(text + "\n")
     written = [base + ".json", base + ".md"]
-    if any(r["op"] in ("put", "get", "put_from", "get_into") for r in res.rows):
+    if True:  # every run has a chart (whatever rows it has)
         chart = subprocess.run([venv_python, os.path.abspath(__file__), "chart",
                                 base + ".json", base + ".png"], capture_output=True, text=True)
         if chart.returncode == 0:
@@ -470,25 +671,30 @@ def write(res: Results, info: dict, text: str, out_dir: str, venv_python: str) -
 
 
 def chart(json_path: str, png_path: str) -> None:
-    """Throughput by value size, one line per system and op, one column per placement."""
+    """Throughput by value size, one line per system and op, one column per placement; a
+    panel of the trace replay when the run has one; a panel of every row's status otherwise."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     with open(json_path) as f:
         data = json.load(f)
     res = Results(data["rows"])
-    placements = list(data["info"]["placements"])
+    placements = [pl for pl in data["info"]["placements"] if has_main(res, pl)]
     sizes = [s for s, _ in data["info"]["config"]["sizes"]]
+    replay = data["info"].get("replay")
     lines = [("mooncaked", "put_from", "get_into", "mooncaked put_from / get_into (shm)", "C0", "-"),
+             ("mooncaked+bp", "put_from", "get_into", "mooncaked+bp put_from / get_into",
+              "C4", "-"),
              ("mooncaked-facade", "put_from", "get_into", "mooncaked facade put_from / get_into",
               "C0", ":"),
              ("mooncaked", "put", "get", "mooncaked put / get (bytes)", "C0", "--"),
              ("mooncake", "put_from", "get_into", "Mooncake put_from / get_into", "C1", "-"),
              ("mooncake", "put", "get", "Mooncake put / get", "C1", "--"),
-             ("redis", "put", "get", "Redis SET / GET", "C2", "--")]
-    fig, axes = plt.subplots(2, len(placements), figsize=(6 * len(placements), 9),
-                             squeeze=False, sharey=True)
-    mem = memcpy_mbps(res)
+             ("mooncake-daemon", "put_from", "get_into", "Mooncake daemon put_from / get_into",
+              "C3", "-"),
+             ("redis", "put", "get", "Redis SET / GET (Unix socket)", "C2", "--")]
+    cols = max(1, len(placements)) + (1 if replay else 0)
+    fig, axes = plt.subplots(2, cols, figsize=(6 * cols, 9), squeeze=False)
     for col, pl in enumerate(placements):
         for row, direction in enumerate(("write", "read")):
             ax = axes[row][col]
@@ -497,9 +703,6 @@ def chart(json_path: str, png_path: str) -> None:
                 ys = [res.get(pl, system, op, s) for s in sizes]
                 if any(y is not None for y in ys):
                     ax.plot(sizes, ys, marker="o", color=color, linestyle=style, label=name)
-            if mem:
-                ax.axhline(mem, color="grey", linewidth=0.8)
-                ax.text(sizes[0], mem * 1.05, "memcpy", color="grey", fontsize=8)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(sizes, [human_size(s) for s in sizes])
@@ -507,8 +710,33 @@ def chart(json_path: str, png_path: str) -> None:
             ax.set_xlabel("value size")
             ax.set_ylabel("MB/s (median of trials)")
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"mooncaked vs Mooncake vs Redis, one client ({data['info']['env']['date_utc']})")
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7, loc="lower right")
+    if replay:
+        pl = replay["placement"]
+        names = [s for s, _ in SYSTEMS if res.row(pl, s, "replay_requests")]
+        for row, (op, ylabel) in enumerate((("replay_requests", "requests/s"),
+                                             ("replay_gbps", "GB/s moved"))):
+            ax = axes[row][cols - 1]
+            values = [res.get(pl, s, op) or 0 for s in names]
+            bars = ax.bar(names, values, color=[f"C{i}" for i in range(len(names))])
+            for bar, s in zip(bars, names):
+                if res.failed(pl, s, op):
+                    bar.set_hatch("//")
+                    ax.annotate("FAIL", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", color="red")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"trace replay ({replay['model']}, {replay['requests']} requests)")
+            ax.tick_params(axis="x", labelsize=8)
+    if not placements and not replay:
+        ax = axes[0][0]
+        ax.axis("off")
+        axes[1][0].axis("off")
+        text = "\n".join(f"{r['placement']} {r['system']} {r['op']}: {fmt(r['median'])} "
+                         f"{r['unit']} {r.get('status', '')}" for r in res.rows[:40])
+        ax.text(0, 1, text or "no rows", va="top", family="monospace", fontsize=7)
+    fig.suptitle(f"mooncaked vs Mooncake vs Redis ({data['info']['env']['date_utc']}, "
+                 f"{data['info']['env'].get('mooncaked_commit', '')[:12]})")
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
 

@@ -9,7 +9,12 @@ server CPUs, and stopped by PID (procs.PROCS):
                      [cluster] section), started without waiting (await_mooncaked) and
                      started again after a kill (relaunch_mooncaked)
     mooncake_master  from the bench venv, with its HTTP metadata server
-    redis-server     Debian's, no persistence
+    mooncake_client  from the bench venv: Mooncake's standalone store process (owns the
+                     segment; clients call setup_dummy)
+    redis-server     Debian's, no persistence, 127.0.0.1 and a Unix socket (clients use it)
+
+All log at the same level (LOG_LEVEL). Busy polling is off unless asked for (busy_poll=True,
+mooncaked's `+bp` rows).
 
 Each start function returns a Server: the process, the command line (as `taskset ...` for the
 record) and what clients need to connect.
@@ -76,6 +81,20 @@ def _toml(sections: dict) -> str:
 
 BUSY_POLL_US_WHEN_APART = 100
 
+# Every server logs at the same level, info: mooncaked "info" (its default), Mooncake's glog
+# INFO (its default; the line that says whether its transfers use the local memcpy path is an
+# INFO line), Redis "notice" (its info level; "verbose" and "debug" are below it).
+LOG_LEVEL = {"mooncaked": "info", "mooncake": "INFO (glog default, minloglevel=0)",
+             "redis": "notice"}
+# The line Mooncake logs at start-up (INFO) that says how it moves bytes within one host.
+MOONCAKE_MEMCPY_LINE = "MC_STORE_MEMCPY not set, auto-detected: "
+MOONCAKE_MEMCPY_ON = "TCP-only environment, memcpy enabled"
+
+
+def apart(placement: Placement) -> bool:
+    """Whether the servers have CPUs their clients do not use (busy polling makes sense)."""
+    return bool(placement.servers) and not placement.servers & placement.clients
+
 
 def daemon_knows(src: str, key: str) -> bool:
     """Whether the checkout's mooncaked.toml lists a key (the daemon refuses unknown keys)."""
@@ -88,14 +107,15 @@ def daemon_knows(src: str, key: str) -> bool:
 
 def start_mooncaked(python: str, workdir: str, placement: Placement, segment_bytes: int,
                     loop: str | None, log_path: str, *, unix_socket: bool = True,
-                    cluster: dict | None = None, busy_poll: bool | None = None,
+                    cluster: dict | None = None, busy_poll: bool = False,
                     name: str = "bench", wait: bool = True) -> Server:
     """loop: the value for $MOONCAKED_LOOP, or None to leave it unset (the default loop).
     The segment is prefaulted at start-up when the daemon has that switch (what an operator
     who cares about latency sets); otherwise run.py fills it once before measuring.
     unix_socket=False: TCP only (connect["tcp_address"] in both cases). cluster: the
-    [cluster] section (a cluster node; the caller waits for a leader). busy_poll: None = set
-    busy_poll_us where the daemon has CPUs its clients do not use; False = never.
+    [cluster] section (a cluster node; the caller waits for a leader). busy_poll: True = set
+    busy_poll_us (only where the daemon has CPUs its clients do not use); default off, like
+    every other server here. Log level LOG_LEVEL (the same as the other servers).
     wait=False: return at once; await_mooncaked(server) waits for READY=1 (several daemons
     then start side by side)."""
     src = MOONCAKED_SRC[0]
@@ -111,8 +131,7 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
     tcp_port = free_port()
     listeners = {"tcp_host": "127.0.0.1", "tcp_port": tcp_port,
                  "unix_socket": socket_path if unix_socket else "", "shutdown_grace_ms": 1000}
-    apart = bool(placement.servers) and not placement.servers & placement.clients
-    if (busy_poll is None and apart or busy_poll) and daemon_knows(src, "busy_poll_us"):
+    if busy_poll and apart(placement) and daemon_knows(src, "busy_poll_us"):
         # The daemon has CPUs its clients do not use: the documented setting for that case.
         listeners["busy_poll_us"] = BUSY_POLL_US_WHEN_APART
     sections = {
@@ -120,7 +139,7 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
         "server": listeners,
         "segments": segments,
         "metrics": {"enabled": False},
-        "log": {"level": "warning"},
+        "log": {"level": LOG_LEVEL["mooncaked"]},
     }
     if cluster is not None:
         sections["cluster"] = dict(cluster, enabled=True)
@@ -215,13 +234,63 @@ def start_mooncake_master(venv_python: str, placement: Placement, log_path: str)
                    "master_addr": f"127.0.0.1:{rpc}"})
 
 
-def start_redis(workdir: str, placement: Placement) -> Server:
+def start_mooncake_client(venv_python: str, placement: Placement, master: Server,
+                          segment_bytes: int, log_path: str, env: dict) -> Server:
+    """Mooncake's own store daemon (`mooncake_client`, from the wheel): a process that owns a
+    global segment of `segment_bytes` and serves clients that call setup_dummy(mem_pool_size,
+    local_buffer_size, "127.0.0.1:PORT") (an RPC port plus a local IPC socket for the shared
+    memory pool). Registered with `master`; its transfers are logged like the in-process
+    client's."""
+    exe = os.path.join(os.path.dirname(venv_python), "mooncake_client")
+    port = free_port()
+    argv = [exe, "--host=127.0.0.1", f"--metadata_server={master.connect['metadata_url']}",
+            f"--master_server_address={master.connect['master_addr']}", f"--port={port}",
+            f"--global_segment_size={segment_bytes // (1024 * 1024)} MB",
+            "--local_buffer_size=256 MB", "--protocol=tcp", "--threads=1"]
+    log = open(log_path, "ab")
+    p = PROCS.popen("mooncake_client", argv, cpus=placement.servers, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    wait_tcp(port, p, timeout_s=60)
+    time.sleep(0.5)
+    return Server("mooncake_client", p, _command(argv, placement, {
+        k: v for k, v in env.items() if k.startswith("MC_")}),
+        {"client_addr": f"127.0.0.1:{port}", "log_path": log_path})
+
+
+def start_redis(workdir: str, placement: Placement, maxmemory: int | None = None) -> Server:
+    """redis-server listening on 127.0.0.1 and on a Unix socket (the clients use the socket).
+    maxmemory: a capacity, with allkeys-lru eviction (the replay section)."""
     exe = shutil.which("redis-server") or "/usr/bin/redis-server"
     port = free_port()
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+    sock = os.path.join(workdir, "redis.sock")
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
+            "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
             "--daemonize", "no", "--protected-mode", "yes", "--dir", workdir,
-            "--logfile", os.path.join(workdir, "redis.log")]
+            "--loglevel", LOG_LEVEL["redis"], "--logfile", os.path.join(workdir, "redis.log")]
+    if maxmemory:
+        argv += ["--maxmemory", str(maxmemory), "--maxmemory-policy", "allkeys-lru"]
     p = PROCS.popen("redis-server", argv, cpus=placement.servers, stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_tcp(port, p)
-    return Server("redis-server", p, _command(argv, placement), {"port": port})
+    deadline = time.monotonic() + 10
+    while not os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return Server("redis-server", p, _command(argv, placement),
+                  {"port": port, "unix_socket": sock})
+
+
+def mooncake_transfer_mode(log_paths) -> dict:
+    """What Mooncake's processes logged about their local transfers: {line: count}."""
+    seen: dict = {}
+    for path in log_paths:
+        try:
+            with open(path, errors="replace") as f:
+                for line in f:
+                    at = line.find(MOONCAKE_MEMCPY_LINE)
+                    if at >= 0:
+                        text = line[at + len(MOONCAKE_MEMCPY_LINE):].strip()
+                        seen[text] = seen.get(text, 0) + 1
+        except OSError:
+            pass
+    return seen
