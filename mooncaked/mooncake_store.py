@@ -56,6 +56,7 @@ INVALID = int(ErrorCode.INVALID_PARAMS)  # also Mooncake's answer before setup /
 NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 ALREADY_EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 RPC_FAIL = int(ErrorCode.RPC_FAIL)
+TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
 NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
 NOT_INITIALIZED = INVALID
 
@@ -134,6 +135,19 @@ def _stored(_created: bool) -> int:
     return OK
 
 
+def _first_of_each(keys: Sequence[str]) -> list[int]:
+    """The indexes of each key's first occurrence, in order."""
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        seen.setdefault(key, i)
+    return sorted(seen.values())
+
+
+def _last_of_each(keys: Sequence[str]) -> list[int]:
+    """The indexes of each key's last occurrence, in order."""
+    return sorted({key: i for i, key in enumerate(keys)}.values())
+
+
 def _copy(destination: int, source: int, size: int) -> None:
     if size > 0:
         ctypes.memmove(destination, source, size)
@@ -164,9 +178,8 @@ class MooncakeDistributedStore:
     # -- set-up and teardown ----------------------------------------------------------------
 
     def setup(self, local_hostname, metadata_server: str = None,
-              global_segment_size: int = DEFAULT_SEGMENT_SIZE,
-              local_buffer_size: int = DEFAULT_SEGMENT_SIZE, protocol: str = "tcp",
-              rdma_devices: str = "", master_server_addr: str = DEFAULT_MASTER_ADDRESS,
+              global_segment_size: int = None, local_buffer_size: int = None,
+              protocol: str = None, rdma_devices: str = None, master_server_addr: str = None,
               engine=None, enable_ssd_offload: bool = False, ssd_offload_path: str = "",
               tenant_id: str = "default", enable_client_http_server: bool = False,
               client_http_port: int = 9300, **options) -> int:
@@ -176,8 +189,11 @@ class MooncakeDistributedStore:
         client_http_port=9300) -> int, or setup(config: dict) -> int."""
         if isinstance(local_hostname, dict):
             return self._setup_from_dict(local_hostname, **options)
-        if metadata_server is None:
-            raise TypeError("setup() missing required argument: 'metadata_server'")
+        if None in (metadata_server, global_segment_size, local_buffer_size, protocol,
+                    rdma_devices, master_server_addr):
+            raise TypeError("setup(): takes local_hostname, metadata_server, "
+                            "global_segment_size, local_buffer_size, protocol, rdma_devices, "
+                            "master_server_addr (then optional ones), or one dict")
         for size in (global_segment_size, local_buffer_size):
             if not isinstance(size, int) or size < 0:
                 raise TypeError("setup(): segment and buffer sizes must be ints >= 0")
@@ -332,10 +348,11 @@ class MooncakeDistributedStore:
     def _run_batch(self, count: int, work: Callable[[ClientPool], list]) -> list:
         return self._run(work, [NOT_INITIALIZED] * count, lambda code: [code] * count)
 
-    def _registered(self, address: int, size: int) -> bool:
-        with self._lock:
-            return any(start <= address and address + size <= start + length
-                       for start, length in self._buffers.items())
+    @staticmethod
+    def _addressable(address: int, _size: int) -> bool:
+        """Mooncake's TCP transport copies to and from any address, registered or not; only
+        a null address is refused here (Mooncake would crash on it)."""
+        return address > 0
 
     def _staged(self, size: int) -> bool:
         """Mooncake stages a put through its local buffer: a value must fit in it."""
@@ -373,6 +390,9 @@ class MooncakeDistributedStore:
         if buffer_ptr <= 0 or size <= 0:
             return INVALID
         with self._lock:
+            if any(start < buffer_ptr + size and buffer_ptr < start + length
+                   for start, length in self._buffers.items()):
+                return INVALID  # Mooncake: already registered, or overlapping a region
             self._buffers[buffer_ptr] = size
         return OK
 
@@ -408,11 +428,18 @@ class MooncakeDistributedStore:
         return self._run(lambda c: c.upsert(key, value, self._checked_config(config)) or OK)
 
     def put_parts(self, key: str, *args, config: ReplicateConfig = None) -> int:
-        """The parts (bytes-like objects) concatenated, stored as one object."""
-        return self.put(key, b"".join(memoryview(p).cast("B") for p in args), config)
+        """The parts (bytes-like objects) concatenated, stored as one object. No parts, or
+        only empty ones: 0 and nothing stored (Mooncake; a plain put of b"" is -600)."""
+        value = b"".join(memoryview(p).cast("B") for p in args)
+        if not value and self._current() is not None:
+            return OK
+        return self.put(key, value, config)
 
     def upsert_parts(self, key: str, *args, config: ReplicateConfig = None) -> int:
-        return self.upsert(key, b"".join(memoryview(p).cast("B") for p in args), config)
+        value = b"".join(memoryview(p).cast("B") for p in args)
+        if not value and self._current() is not None:
+            return OK
+        return self.upsert(key, value, config)
 
     def put_batch(self, keys: Sequence[str], values: Sequence,
                   config: ReplicateConfig = None) -> int:
@@ -428,6 +455,8 @@ class MooncakeDistributedStore:
             return INVALID
         if any(not self._staged(memoryview(v).nbytes) for v in values):
             return INVALID if self._current() is not None else NOT_INITIALIZED
+        first = _first_of_each(keys)  # Mooncake: a repeated key keeps its first value
+        keys, values = [keys[i] for i in first], [values[i] for i in first]
 
         def work(client):
             wire = self._checked_config(config, len(keys))
@@ -444,6 +473,9 @@ class MooncakeDistributedStore:
         return self._run(lambda c: c.get(key), b"", lambda code: b"")
 
     def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        """The values, b"" for a miss. Mooncake answers [b""] for an empty key list."""
+        if not keys:
+            return [b""]
         return self._run(lambda c: [v if v is not None else b"" for v in c.batch_get(keys)],
                          [b"" for _ in keys], lambda code: [b"" for _ in keys])
 
@@ -472,7 +504,9 @@ class MooncakeDistributedStore:
     def _put_from(self, key, buffer_ptr, size, config, upsert: bool) -> int:
         if self._current() is None:
             return NOT_INITIALIZED
-        if size <= 0 or not self._registered(buffer_ptr, size):
+        if size == 0:
+            return OK  # Mooncake: an empty put_from succeeds and stores nothing
+        if size < 0 or not self._addressable(buffer_ptr, size):
             return INVALID
         if upsert:
             return self._run(lambda c: c.upsert(
@@ -490,8 +524,8 @@ class MooncakeDistributedStore:
             return -1
         if size == 0:
             return OK
-        if not self._registered(buffer_ptr, size) or \
-                (metadata_size and not self._registered(metadata_buffer_ptr, metadata_size)):
+        if not self._addressable(buffer_ptr, size) or \
+                (metadata_size and not self._addressable(metadata_buffer_ptr, metadata_size)):
             return INVALID
         ranges = [[(0, metadata_buffer_ptr, metadata_size), (metadata_size, buffer_ptr, size)]]
         codes = self._run_batch(1, lambda c: c.batch_put_from_ranges(
@@ -501,15 +535,18 @@ class MooncakeDistributedStore:
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         if self._current() is None:
             return NOT_INITIALIZED
-        if size <= 0 or not self._registered(buffer_ptr, size):
+        if size <= 0 or not self._addressable(buffer_ptr, size):
             return INVALID
         return self._run(lambda c: c.get_into_address(key, buffer_ptr, size))
 
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int], config: ReplicateConfig = None) -> list[int]:
+        """A repeated key: every copy answers 0 and the value is the last one's (Mooncake
+        copies each buffer in order into the one object)."""
         results = self._registered_batch(
             keys, buffer_ptrs, sizes,
-            lambda c, k, p, s: c.batch_put_from(k, p, s, self._checked_config(config, len(keys))))
+            lambda c, k, p, s: c.batch_put_from(k, p, s, self._checked_config(config, len(keys))),
+            unique=_last_of_each)
         return [OK if code == 1 else code for code in results]  # an existing key: success
 
     def batch_upsert_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
@@ -531,23 +568,29 @@ class MooncakeDistributedStore:
         return self._registered_batch(keys, buffer_ptrs, sizes,
                                       lambda c, k, p, s: c.batch_get_into(k, p, s))
 
-    def _registered_batch(self, keys, buffer_ptrs, sizes, run) -> list[int]:
-        """Run a batch call on the keys whose range lies in a registered buffer; the others
-        get INVALID_PARAMS, as in Mooncake."""
+    def _registered_batch(self, keys, buffer_ptrs, sizes, run, unique=None) -> list[int]:
+        """Run a batch call on the keys with a non-empty buffer; the others get
+        INVALID_PARAMS, as in Mooncake. With `unique` (a function of the keys giving the
+        indexes to send), a repeated key is sent once and every copy gets its result."""
         if self._current() is None:
             return [NOT_INITIALIZED] * len(keys)
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [INVALID] * len(keys)
         valid = [i for i, (p, s) in enumerate(zip(buffer_ptrs, sizes))
-                 if s > 0 and self._registered(p, s)]
+                 if s > 0 and self._addressable(p, s)]
         results = [INVALID] * len(keys)
-        if not valid:
+        sent = valid if unique is None else \
+            [valid[j] for j in unique([keys[i] for i in valid])]
+        if not sent:
             return results
-        done = self._run_batch(len(valid), lambda c: run(
-            c, [keys[i] for i in valid], [buffer_ptrs[i] for i in valid],
-            [sizes[i] for i in valid]))
-        for i, result in zip(valid, done):
-            results[i] = _mooncake_code(result) if result < 0 else result
+        done = self._run_batch(len(sent), lambda c: run(
+            c, [keys[i] for i in sent], [buffer_ptrs[i] for i in sent],
+            [sizes[i] for i in sent]))
+        by_key = {}
+        for i, result in zip(sent, done):
+            by_key[keys[i]] = results[i] = _mooncake_code(result) if result < 0 else result
+        for i in valid:
+            results[i] = by_key[keys[i]]
         return results
 
     # -- scatter / gather: the calls vLLM's connector uses ----------------------------------
@@ -561,7 +604,7 @@ class MooncakeDistributedStore:
         for ptrs, sizes in zip(all_buffer_ptrs, all_sizes):
             ok = (len(ptrs) == len(sizes) and len(ptrs) > 0 and all(s >= 0 for s in sizes)
                   and sum(sizes) > 0
-                  and all(s == 0 or self._registered(p, s) for p, s in zip(ptrs, sizes)))
+                  and all(s == 0 or self._addressable(p, s) for p, s in zip(ptrs, sizes)))
             codes.append(OK if ok else INVALID)
         return codes
 
@@ -579,11 +622,15 @@ class MooncakeDistributedStore:
 
     def _multi_put(self, keys, all_buffer_ptrs, all_sizes, config, upsert: bool) -> list[int]:
         if self._current() is None:
-            return [NOT_INITIALIZED] * len(keys)
+            return []  # Mooncake's answer before setup and after close
         codes = self._check_multi(keys, all_buffer_ptrs, all_sizes)
         if codes is None:
             return [INVALID] * len(keys)
         valid = [i for i, code in enumerate(codes) if code == OK]
+        repeated = {}  # a repeated key keeps its first value; its copies answer the same
+        for j in _first_of_each([keys[i] for i in valid]):
+            repeated[keys[valid[j]]] = valid[j]
+        valid = [i for i in valid if repeated[keys[i]] == i]
         if not valid:
             return codes
         ranges, totals = [], []
@@ -613,47 +660,75 @@ class MooncakeDistributedStore:
         done = self._run_batch(len(valid), work)
         for i, result in zip(valid, done):
             codes[i] = OK if result in (0, 1) else _mooncake_code(result)
+        for i, key in enumerate(keys):
+            if key in repeated and codes[i] == OK:
+                codes[i] = codes[repeated[key]]
         return codes
 
     def batch_get_into_multi_buffers(self, keys: Sequence[str],
                                      all_buffer_ptrs: Sequence[Sequence[int]],
                                      all_sizes: Sequence[Sequence[int]],
                                      prefer_alloc_in_same_node: bool = False) -> list[int]:
-        """Per key the value scattered over its buffers in order; the value's size, or a
-        negative code (INVALID_PARAMS when the buffers are smaller than the value).
-        prefer_alloc_in_same_node is accepted: a single daemon has one node."""
+        """Per key the value scattered over its buffers in order: the value's size, or
+        Mooncake's code: OBJECT_NOT_FOUND; INVALID_PARAMS when the sizes add up to less than
+        the value; TRANSFER_FAIL when they add up to more, or a key has not as many sizes
+        as buffers. prefer_alloc_in_same_node is accepted: a single daemon has one node."""
         if self._current() is None:
             return [NOT_INITIALIZED] * len(keys)
-        codes = self._check_multi(keys, all_buffer_ptrs, all_sizes)
-        if codes is None:
+        if not len(keys) == len(all_buffer_ptrs) == len(all_sizes):
             return [INVALID] * len(keys)
-        valid = [i for i, code in enumerate(codes) if code == OK]
-        if not valid:
-            return codes
-        ranges, capacities = [], []
-        for i in valid:
+        codes = [INVALID] * len(keys)
+        valid, uneven, ranges, capacities = [], [], [], []
+        for i, (ptrs, sizes) in enumerate(zip(all_buffer_ptrs, all_sizes)):
+            if len(ptrs) != len(sizes):
+                uneven.append(i)
+                continue
+            if sum(sizes) <= 0 or any(s < 0 or (s and not self._addressable(p, s))
+                                      for p, s in zip(ptrs, sizes)):
+                continue  # stays INVALID
             offset, key_ranges = 0, []
-            for address, size in zip(all_buffer_ptrs[i], all_sizes[i]):
+            for address, size in zip(ptrs, sizes):
                 if size:
                     key_ranges.append((offset, address, size))
                 offset += size
+            valid.append(i)
             ranges.append(key_ranges)
             capacities.append(offset)
-        # A value larger than its buffers is refused (INVALID_PARAMS), nothing copied.
-        done = self._run_batch(len(valid), lambda c: c.batch_get_into_ranges(
-            [keys[i] for i in valid], ranges, capacities))
-        for i, result in zip(valid, done):
-            codes[i] = _mooncake_code(result) if result < 0 else result
-        return codes
+
+        def work(client):
+            # A value larger than its buffers is refused (INVALID_PARAMS), nothing copied.
+            done = client.batch_get_into_ranges([keys[i] for i in valid], ranges,
+                                                capacities) if valid else []
+            for i, result, capacity in zip(valid, done, capacities):
+                if result < 0:
+                    codes[i] = _mooncake_code(result)
+                else:  # Mooncake's copy fails when the buffers are larger than the value
+                    codes[i] = result if result == capacity else TRANSFER_FAIL
+            for i in uneven:
+                try:
+                    size = client.get_size(keys[i])
+                except MooncakedError as exc:
+                    size = _mooncake_code(exc.code)
+                if size < 0:
+                    codes[i] = size
+                else:
+                    codes[i] = INVALID if size > sum(all_sizes[i]) else TRANSFER_FAIL
+            return codes
+        if not valid and not uneven:
+            return codes
+        return self._run_batch(len(keys), work)
 
     def get_into_ranges(self, buffer_ptrs: Sequence[int], all_keys: Sequence[Sequence[str]],
                         all_dst_offsets, all_src_offsets, all_sizes) -> list:
         """For buffer i, key j, range k: copy all_sizes[i][j][k] bytes from offset
         all_src_offsets[i][j][k] of the value to buffer i at all_dst_offsets[i][j][k].
-        Returns [i][j][k] the bytes copied (clipped at the value's end) or a negative code."""
-        def shaped(code):
-            return [[[code] * len(offsets) for offsets in per_key]
-                    for per_key in all_dst_offsets]
+        Returns [i][j][k] the bytes copied or a negative code (INVALID_PARAMS for a range
+        outside the value or the registered buffer; the buffer is then not to be read)."""
+        def shaped(code):  # Mooncake's shape: one row per buffer, 1 where a list is short
+            return [[[code] * (len(all_dst_offsets[i][j]) if i < len(all_dst_offsets)
+                               and j < len(all_dst_offsets[i]) else 1)
+                     for j in range(len(all_keys[i]) if i < len(all_keys) else 1)]
+                    for i in range(len(buffer_ptrs))]
         if self._current() is None:
             return shaped(NOT_INITIALIZED)
         if not len(buffer_ptrs) == len(all_keys) == len(all_dst_offsets) == \
@@ -689,8 +764,8 @@ class MooncakeDistributedStore:
             for i, j, k, src, _address, size in requests[key]:
                 if value_size < 0:
                     results[i][j][k] = _mooncake_code(value_size)
-                else:
-                    results[i][j][k] = max(0, min(size, value_size - src))
+                else:  # Mooncake: a range past the value's end is INVALID_PARAMS
+                    results[i][j][k] = size if src + size <= value_size else INVALID
         return results
 
     # -- sessions: reserve, fill by ranges, then publish ------------------------------------
@@ -738,7 +813,7 @@ class MooncakeDistributedStore:
                 continue
             staging = session[0]
             if any(o < 0 or s < 0 or o + s > len(staging) or
-                   (s and not self._registered(p, s)) for p, s, o in zip(ptrs, sizes, offsets)):
+                   (s and not self._addressable(p, s)) for p, s, o in zip(ptrs, sizes, offsets)):
                 codes.append(INVALID)
                 continue
             base = ctypes.addressof((ctypes.c_char * len(staging)).from_buffer(staging))
@@ -803,7 +878,7 @@ class MooncakeDistributedStore:
         for i, (ptrs, sizes, offsets) in enumerate(zip(all_buffer_ptrs, all_sizes,
                                                         all_src_offsets)):
             if len(ptrs) == len(sizes) == len(offsets) and all(
-                    s >= 0 and o >= 0 and (s == 0 or self._registered(p, s))
+                    s >= 0 and o >= 0 and (s == 0 or self._addressable(p, s))
                     for p, s, o in zip(ptrs, sizes, offsets)):
                 valid.append(i)
                 ranges.append([(o, p, s) for p, s, o in zip(ptrs, sizes, offsets) if s])
@@ -828,24 +903,38 @@ class MooncakeDistributedStore:
 
     # -- queries and removal ----------------------------------------------------------------
 
+    # An empty key is never found (Mooncake; the daemon refuses it as INVALID_PARAMS).
+
     def is_exist(self, key: str) -> int:
-        return self._run(lambda c: 1 if c.exists(key) else 0)
+        return self._run(lambda c: 1 if key != "" and c.exists(key) else 0)
 
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         if not keys:
             return []
-        return self._run_batch(len(keys),
-                               lambda c: [1 if found else 0 for found in c.batch_exists(keys)])
+        return self._without_empty_keys(keys, 0, lambda c, named: [
+            1 if found else 0 for found in c.batch_exists(named)])
 
     def get_size(self, key: str) -> int:
-        return self._run(lambda c: c.get_size(key))
+        return self._run(lambda c: c.get_size(key) if key != "" else NOT_FOUND)
 
     def remove(self, key: str, force: bool = False) -> int:
-        return self._run(lambda c: c.remove(key, force) or OK)
+        return self._run(lambda c: (c.remove(key, force) or OK) if key != "" else NOT_FOUND)
 
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return self._run_batch(len(keys), lambda c: [
-            _mooncake_code(code) if code < 0 else code for code in c.batch_remove(keys, force)])
+        return self._without_empty_keys(keys, NOT_FOUND, lambda c, named: [
+            _mooncake_code(code) if code < 0 else code for code in c.batch_remove(named, force)])
+
+    def _without_empty_keys(self, keys, missing, work) -> list:
+        """work(client, the non-empty keys), with `missing` in the places of empty keys."""
+        named = [i for i, key in enumerate(keys) if key != ""]
+
+        def run(client):
+            results = [missing] * len(keys)
+            if named:
+                for i, result in zip(named, work(client, [keys[i] for i in named])):
+                    results[i] = result
+            return results
+        return self._run_batch(len(keys), run)
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         return self._run(lambda c: c.remove_by_regex(regex_pattern, force))
@@ -1001,15 +1090,15 @@ class MooncakeDistributedStore:
         if self._current() is None:
             return [None for _ in keys]
         tensors.torch_module()
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            return [INVALID] * len(keys)  # Mooncake: the codes, not None
         read = self.batch_get_into(keys, buffer_ptrs, sizes)
-        if len(read) != len(keys) or len(buffer_ptrs) != len(keys):
-            return [None for _ in keys]
         return [tensors.tensor_at(ptr, n) if n >= METADATA_SIZE else None
                 for ptr, n in zip(buffer_ptrs, read)]
 
     def _tensor_from_buffer(self, buffer_ptr: int, size: int):
         """The tensor a registered [TensorMetadata][data] buffer holds, or None."""
-        if size < METADATA_SIZE or not self._registered(buffer_ptr, size):
+        if size < METADATA_SIZE or not self._addressable(buffer_ptr, size):
             return None
         return tensors.tensor_at(buffer_ptr, size)
 
@@ -1036,7 +1125,7 @@ class MooncakeDistributedStore:
             return [INVALID] * len(keys)
         codes = []
         for ptr, size in zip(buffer_ptrs, sizes):
-            valid = (size >= METADATA_SIZE and self._registered(ptr, size)
+            valid = (size >= METADATA_SIZE and self._addressable(ptr, size)
                      and tensors.parse_metadata(ctypes.string_at(ptr, METADATA_SIZE), size))
             codes.append(OK if valid else INVALID)
         valid = [i for i, code in enumerate(codes) if code == OK]

@@ -132,7 +132,9 @@ class ReplicateConfig:
                 f"soft_pin_action: {self.soft_pin_action.name}, soft_pin_ttl_ms: {ttl}, "
                 f"with_hard_pin: {int(self.with_hard_pin)}, "
                 f"preferred_segments: [{', '.join(self.preferred_segments)}], "
-                f"preferred_nof_segments: [{', '.join(self.preferred_nof_segments)}], "
+                + (f"preferred_segment (deprecated): {self.preferred_segment}, "
+                   if self.preferred_segment else "")
+                + f"preferred_nof_segments: [{', '.join(self.preferred_nof_segments)}], "
                 f"prefer_alloc_in_same_node: {int(self.prefer_alloc_in_same_node)}, "
                 f"data_type: {self.data_type.name}")
         if self.group_ids is not None:

@@ -54,7 +54,7 @@ def test_mixed_calls_from_eight_threads(daemon):
             assert store.batch_put_from_multi_buffers(
                 [key], [[base, base + PAGE]], [[PAGE, PAGE // 2]], config) == [0]
             assert store.batch_get_into_multi_buffers(
-                [key], [[base + 2 * PAGE, base + 4 * PAGE]], [[PAGE // 2, 2 * PAGE]]) \
+                [key], [[base + 2 * PAGE, base + 4 * PAGE]], [[PAGE // 2, PAGE]]) \
                 == [PAGE + PAGE // 2]
             whole = layers[0] + layers[1]
             assert ctypes.string_at(base + 2 * PAGE, PAGE // 2) + \
