@@ -62,6 +62,8 @@ def _worker(store, thread: int, count: int, batch: int, layers: int, layer_bytes
         store.batch_remove(keys, True)  # keep the store from filling up
         blocks += batch
         step += 1
+    for region in (base_in, base_out):
+        store.unregister_buffer(region)  # the next run may get memory at the same address
     results.append(blocks)
 
 
