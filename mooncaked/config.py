@@ -53,6 +53,10 @@ class ServerConfig:
     max_batch_keys: int = _key(8192, 1, 1 << 20, doc="keys in one batch request at most")
     max_puts_in_progress: int = _key(65536, 1, 1 << 24,
                                      doc="unfinished puts (all connections) at most")
+    max_reserved_bytes_per_connection: int = _key(
+        64 * MIB, 0, 1 << 40, unit="bytes",
+        doc="segment space one local connection may hold reserved for its next puts; "
+        "0 = no reservations")
     shutdown_grace_ms: int = _key(5000, 0, 3_600_000, unit="ms",
                                   doc="on SIGTERM, time given to in-flight requests")
     loop: str = _key("auto", choices=("auto", "uring", "asyncio"),

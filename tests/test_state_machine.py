@@ -9,6 +9,9 @@ commands applied to a second state machine give the same tables.
 
 from __future__ import annotations
 
+import random
+
+import msgpack
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -16,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mooncaked._native import OffsetAllocator
 from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
-from mooncaked.meta import commands as c
+from mooncaked.meta import codec, commands as c
 from mooncaked.meta.master import Master, ReplicateConfig
 from mooncaked.meta.state_machine import StateMachine
 
@@ -40,6 +43,8 @@ class MasterMachine(RuleBasedStateMachine):
         self.now = 0
         self.visible: dict = {}  # key -> size readers may see (None: maybe evicted)
         self.writing: dict = {}  # key -> (writer, size)
+        self.reserved: dict = {}  # reservation key -> (writer, size)
+        self.reservation_names = 0
 
     @rule(key=st.sampled_from(KEYS), size=st.integers(1, 20000), writer=st.integers(1, 3),
           upsert=st.booleans(), replicas=st.integers(1, 3))
@@ -68,6 +73,36 @@ class MasterMachine(RuleBasedStateMachine):
             self.master.put_end(key, writer, self.now)
             self.visible[key] = size
 
+    @rule(size=st.integers(1, 20000), writer=st.integers(1, 3))
+    def reserve(self, size, writer):
+        self.reservation_names += 1
+        reserved_key = (c.RESERVED_NAMESPACE, f"{writer}/{self.reservation_names}")
+        try:
+            self.master.put_start(reserved_key, size, ReplicateConfig(), False, writer, self.now)
+        except MooncakedError as exc:
+            assert exc.code == ErrorCode.NO_AVAILABLE_HANDLE
+            self._forget_evicted()
+            return
+        self._forget_evicted()
+        self.reserved[reserved_key] = (writer, size)
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data(), key=st.sampled_from(KEYS))
+    def commit(self, data, key):
+        reserved_key = data.draw(st.sampled_from(sorted(self.reserved)))
+        writer, size = self.reserved[reserved_key]
+        try:
+            self.master.put_commit(reserved_key, key, size, ReplicateConfig(), writer, self.now)
+        except MooncakedError as exc:
+            assert exc.code == ErrorCode.OBJECT_ALREADY_EXISTS
+            assert key in self.visible or key in self.writing
+            assert self.master.state.objects[reserved_key].pending.size_bytes == size  # kept
+            return
+        del self.reserved[reserved_key]
+        self.writing.pop(key, None)  # a stale unfinished put of the key was preempted
+        self.visible[key] = size
+        assert reserved_key not in self.master.state.objects
+
     @rule(key=st.sampled_from(KEYS), force=st.booleans())
     def remove(self, key, force):
         try:
@@ -95,10 +130,11 @@ class MasterMachine(RuleBasedStateMachine):
         self.now += step_ms
         self.master.tick(self.now)
         # Unfinished writes past the release timeout were revoked.
-        for key, _ in list(self.writing.items()):
-            entry = self.master.state.objects.get(key)
-            if entry is None or entry.pending is None:
-                del self.writing[key]
+        for table in (self.writing, self.reserved):
+            for key in list(table):
+                entry = self.master.state.objects.get(key)
+                if entry is None or entry.pending is None:
+                    del table[key]
         self._forget_evicted()
 
     def _forget_evicted(self):
@@ -166,3 +202,186 @@ def test_object_table_bound_is_enforced():
     with pytest.raises(MooncakedError) as info:
         master.put_start(("ns", "c"), 10, ReplicateConfig(), False, 1, 0)
     assert info.value.code == ErrorCode.NO_AVAILABLE_HANDLE
+
+
+# -- reservations: PutStart under RESERVED_NAMESPACE, then PutCommit -----------------------
+
+RESERVED = (c.RESERVED_NAMESPACE, "1/1")
+
+
+def _reserve(state: StateMachine, size=1000, writer=1, now=0, name=RESERVED):
+    return state.apply(c.PutStart(name, size, 1, (), None, False, False, writer, now, 5))
+
+
+def _commit(state, key, size=1000, writer=1, now=10, name=RESERVED, soft_pin_ttl_ms=None,
+            hard_pin=False):
+    return state.apply(c.PutCommit(name, key, size, soft_pin_ttl_ms, hard_pin, writer, now))
+
+
+def test_commit_moves_the_reserved_range_to_the_key():
+    state = new_master().state
+    [replica] = _reserve(state)
+    used = state.used_bytes()
+    _commit(state, ("ns", "a"), hard_pin=True, soft_pin_ttl_ms=50)
+    assert RESERVED not in state.objects and RESERVED not in state.pending_order
+    version = state.readable(("ns", "a"))
+    assert (version.size_bytes, version.replicas[0].offset) == (1000, replica.offset)
+    entry = state.objects[("ns", "a")]
+    assert entry.hard_pin and entry.soft_pin_deadline_ms == 60 and entry.pending is None
+    assert state.used_bytes() == used  # the same range, now the object's
+    state.check_invariants()
+
+
+def test_commit_of_an_existing_key_changes_nothing():
+    state = new_master().state
+    _reserve(state, name=(c.RESERVED_NAMESPACE, "1/0"))
+    _commit(state, ("ns", "a"), name=(c.RESERVED_NAMESPACE, "1/0"))
+    _reserve(state)
+    state.apply(c.PutStart(("ns", "w"), 10, 1, (), None, False, False, 2, 0, 1))  # writing
+    before = state.digest()
+    for key in (("ns", "a"), ("ns", "w")):
+        with pytest.raises(MooncakedError) as info:
+            _commit(state, key)
+        assert info.value.code == ErrorCode.OBJECT_ALREADY_EXISTS
+        assert state.digest() == before
+    _commit(state, ("ns", "b"))  # the range is still the writer's, for another key
+    assert state.readable(("ns", "b")).size_bytes == 1000
+    state.check_invariants()
+
+
+def test_commit_preempts_a_stale_unfinished_put():
+    state = new_master().state  # discard timeout 300 ms, release timeout 1000 ms
+    state.apply(c.PutStart(("ns", "a"), 10, 1, (), None, False, False, 2, 0, 1))
+    _reserve(state, now=100)
+    _commit(state, ("ns", "a"), now=400)
+    assert state.readable(("ns", "a")).size_bytes == 1000
+    assert ("ns", "a") not in state.pending_order
+    assert state.deferred_bytes > 0  # the stale writer's range waits for its release timeout
+    state.check_invariants()
+
+
+@pytest.mark.parametrize("change, code", [
+    ({"size": 999}, ErrorCode.INVALID_PARAMS),
+    ({"writer": 2}, ErrorCode.ILLEGAL_CLIENT),
+    ({"name": (c.RESERVED_NAMESPACE, "nope")}, ErrorCode.OBJECT_NOT_FOUND),
+    ({"name": ("ns", "pending")}, ErrorCode.INVALID_WRITE),  # not a reservation
+])
+def test_bad_commits_are_refused_without_change(change, code):
+    state = new_master().state
+    _reserve(state)
+    state.apply(c.PutStart(("ns", "pending"), 1000, 1, (), None, False, False, 1, 0, 1))
+    before = state.digest()
+    with pytest.raises(MooncakedError) as info:
+        _commit(state, ("ns", "a"), now=0, **change)  # now=0: the clock stays as it was
+    assert info.value.code == code
+    assert state.digest() == before
+
+
+def test_unused_reservations_are_released_by_the_sweep():
+    master = new_master()
+    _reserve(master.state, now=0)
+    assert master.state.used_bytes() > 0
+    assert master.tick(999) == 0
+    assert master.tick(1000) == 1  # put_start_release_timeout_ms
+    assert master.state.used_bytes() == 0 and not master.state.objects
+    with pytest.raises(MooncakedError) as info:
+        _commit(master.state, ("ns", "a"), now=1001)
+    assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+
+
+def test_reserved_ranges_are_never_evicted():
+    master = new_master(segments=1, capacity=8 * 1024)
+    for i in range(6):
+        _reserve(master.state, size=1024, name=(c.RESERVED_NAMESPACE, f"1/{i}"))
+    assert master.evict(10, need_bytes=4096) == 0
+    assert len(master.state.objects) == 6
+
+
+def test_master_commit_needs_one_replica_and_orders_access():
+    master = new_master()
+    _reserve(master.state)
+    with pytest.raises(MooncakedError) as info:
+        master.put_commit(RESERVED, ("ns", "a"), 1000, ReplicateConfig(replica_num=2), 1, 5)
+    assert info.value.code == ErrorCode.INVALID_PARAMS
+    master.put_commit(RESERVED, ("ns", "a"), 1000, ReplicateConfig(), 1, 5)
+    assert master.access[("ns", "a")] == 5  # evictable like any completed put
+
+
+def _random_commands(seed: int, count: int) -> list:
+    """Reservations, commits, puts, removes and sweeps, generated against a reference run."""
+    rng = random.Random(seed)
+    reference = new_master().state
+    commands, now, names = [], 0, 0
+    for _ in range(count):
+        now += rng.choice([0, 1, 10, 100, 400])
+        reserved = [k for k in reference.objects if k[0] == c.RESERVED_NAMESPACE]
+        roll = rng.random()
+        if roll < 0.35:
+            names += 1
+            command = c.PutStart((c.RESERVED_NAMESPACE, f"1/{names}"), rng.randint(1, 9000), 1,
+                                 (), None, False, False, rng.randint(1, 2), now,
+                                 rng.getrandbits(32))
+        elif roll < 0.7 and reserved:
+            name = rng.choice(reserved)
+            pending = reference.objects[name].pending
+            size = pending.size_bytes if rng.random() < 0.9 else pending.size_bytes + 1
+            command = c.PutCommit(name, ("ns", f"k{rng.randrange(8)}"), size,
+                                  rng.choice([None, 50]), rng.random() < 0.2,
+                                  pending.writer_id, now)
+        elif roll < 0.8:
+            command = c.PutStart(("ns", f"k{rng.randrange(8)}"), rng.randint(1, 9000), 1, (),
+                                 None, False, False, 3, now, rng.getrandbits(32))
+        elif roll < 0.9 and reference.objects:
+            command = c.Remove(rng.choice(list(reference.objects)), now + 50)
+        else:
+            command = c.ReleaseExpired(now)
+        try:
+            reference.apply(command)
+        except MooncakedError:
+            pass
+        commands.append(command)
+    return commands
+
+
+def _outcome(state, command):
+    try:
+        state.apply(command)
+        return "ok"
+    except MooncakedError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_commits_replay_identically_after_a_snapshot(seed):
+    commands = _random_commands(seed, 300)
+    split = random.Random(seed).randrange(len(commands))
+    leader = new_master().state
+    outcomes = [_outcome(leader, command) for command in commands[:split]]
+    follower = new_master(segments=1).state
+    follower.restore(leader.snapshot())
+    assert follower.digest() == leader.digest()
+    for command in commands[split:]:
+        outcomes.append(_outcome(leader, command))
+        assert _outcome(follower, command) == outcomes[-1], command
+        follower.check_invariants()
+        assert follower.digest() == leader.digest()
+    assert outcomes.count("ok") > 100
+    assert any(type(cmd) is c.PutCommit and o == "ok" for cmd, o in zip(commands, outcomes))
+
+
+def test_put_commit_codec_round_trip_and_checks():
+    command = c.PutCommit((c.RESERVED_NAMESPACE, "7/3"), ("ns", "key"), 4096, None, True, 7, 99)
+    data = codec.encode(command)
+    assert codec.decode(data) == command
+    assert msgpack.unpackb(data)[0] == 11  # the tag is part of the log format
+    pinned = c.PutCommit((c.RESERVED_NAMESPACE, "7/3"), ("ns", "key"), 1, 500, False, 7, 99)
+    assert codec.decode(codec.encode(pinned)) == pinned
+    bad = msgpack.unpackb(data, use_list=True)
+    for index, value in ((1, "not a key"), (2, ["ns"]), (3, "4096"), (4, "x"), (5, 1),
+                         (6, None), (7, 1.5)):
+        broken = list(bad)
+        broken[index] = value
+        with pytest.raises(ValueError):
+            codec.decode(msgpack.packb(broken))
+    with pytest.raises(ValueError):
+        codec.decode(msgpack.packb(bad[:-1]))

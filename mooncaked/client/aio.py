@@ -19,6 +19,7 @@ from typing import Sequence
 from mooncaked.client import calls, operations
 from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.reservations import ReservationStock
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
@@ -113,6 +114,8 @@ class Client:
         self._msgid = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
+        # Ranges the daemon reserved for this connection's next puts (one request per put).
+        self.reservation_stock: ReservationStock | None = None
 
     @classmethod
     async def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
@@ -130,6 +133,9 @@ class Client:
             client.server = await client._run(calls.hello(namespace, client_name))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"])
+            if client.server.get("max_reserved_bytes"):
+                client.reservation_stock = ReservationStock(
+                    client.server["max_reserved_bytes"], client.server["reservation_ttl_ms"])
         except BaseException:
             await client.close()
             raise
@@ -145,6 +151,7 @@ class Client:
         if self.segments is not None:
             self.segments.close()
             self.segments = None
+        self.reservation_stock = None  # the daemon frees them when the connection closes
         transport = self._protocol.transport
         if transport is not None and not transport.is_closing():
             transport.close()

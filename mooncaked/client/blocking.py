@@ -15,6 +15,7 @@ from typing import Sequence
 
 from mooncaked.client import calls, operations
 from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.reservations import ReservationStock
 from mooncaked._native import buffer_address, new_bytes
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
@@ -69,6 +70,8 @@ class BlockingClient:
         self._end = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
+        # Ranges the daemon reserved for this connection's next puts (one request per put).
+        self.reservation_stock: ReservationStock | None = None
         self._owns_segments = True
 
     @classmethod
@@ -81,6 +84,9 @@ class BlockingClient:
             client.server = client._run(calls.hello(namespace, client_name))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"])
+            if client.server.get("max_reserved_bytes"):
+                client.reservation_stock = ReservationStock(
+                    client.server["max_reserved_bytes"], client.server["reservation_ttl_ms"])
         except BaseException:
             client.close()
             raise
@@ -122,6 +128,7 @@ class BlockingClient:
         if self.segments is not None and self._owns_segments:
             self.segments.close()
         self.segments = None
+        self.reservation_stock = None  # the daemon frees them when the connection closes
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -141,3 +141,22 @@ def batch_put_start(keys: Sequence[str], sizes: Sequence[int],
 
 def simple(method: str, *params) -> Call:
     return Call(method, list(params))
+
+
+def reserve(wanted: list, release: list) -> Call:
+    """Reserve ranges, [[size, count], ...]; the result lists [segment_id, offset, size]."""
+    return Call("reserve", [wanted, release])
+
+
+def put_commit(key: str, segment_id: int, offset: int, size: int,
+               config: ReplicateConfig | None, wanted: list, release: list) -> Call:
+    """Store a reserved range as `key`; the result is [stored, newly reserved ranges]."""
+    return Call("put_commit", [key, segment_id, offset, size, wire_config(config), wanted,
+                               release])
+
+
+def batch_put_commit(keys: Sequence[str], ranges: list, config: ReplicateConfig | None,
+                     wanted: list, release: list) -> Call:
+    """Per key store a reserved range ([segment_id, offset, size]); the result is [codes,
+    newly reserved ranges]."""
+    return Call("batch_put_commit", [list(keys), ranges, wire_config(config), wanted, release])

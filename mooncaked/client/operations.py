@@ -6,7 +6,9 @@ so the blocking client (`BlockingClient.drive`) and the asyncio client (`Client.
 same code and differ only in how they move a Call over their socket.
 
 `context` is the client: its `segments` (the daemon's shared memory, mapped over the Unix
-socket, else None) and its `lease_ttl_ms`.
+socket, else None), its `lease_ttl_ms`, and its `reservation_stock` (ranges the daemon reserved
+for this connection's next puts, client/reservations.py; None when it offers none): with a
+range in stock, a local put is one request.
 
 Address-based calls move bytes between this process's memory and the daemon. A range list is
 `[(offset_in_object, address, size), ...]`: for a put, bytes at `address` land at that offset
@@ -75,11 +77,107 @@ def _check_lease(context, started: float) -> None:
                         "the copy ended after the read lease; the bytes may be stale")
 
 
+# Per-key commit codes after which the daemon no longer holds the range for this connection.
+_RANGE_GONE = (0, int(ErrorCode.INVALID_WRITE), int(ErrorCode.ILLEGAL_CLIENT))
+
+
+def _stock(context, config: ReplicateConfig | None):
+    """The connection's stock of reserved ranges, when this put may use one: a reserved
+    range is one replica, so not with replica_num > 1 or preferred segments."""
+    if config is not None and (config.replica_num != 1 or config.preferred_segments):
+        return None
+    return context.reservation_stock
+
+
+def _take_ranges(stock, sizes: Sequence[int]) -> Operation:
+    """Per size a reserved range (client/reservations.py): from the stock, else reserved now
+    (one request); None, with nothing taken, when they cannot all be had."""
+    taken, missing = [], {}
+    for size in sizes:
+        range_ = stock.take(size)
+        taken.append(range_)
+        if range_ is None:
+            missing[size] = missing.get(size, 0) + 1
+    if missing:
+        plan = stock.request(missing, all_or_nothing=True)
+        if plan is not None:
+            sent_at = time.monotonic()
+            try:
+                stock.add((yield calls.reserve(*plan)), sent_at)
+            except BaseException:
+                _put_back(stock, taken)
+                raise
+            taken = [range_ or stock.take(size) for range_, size in zip(taken, sizes)]
+        if plan is None or None in taken:
+            _put_back(stock, taken)
+            return None
+    return taken
+
+
+def _put_back(stock, taken: list) -> None:
+    for range_ in taken:
+        if range_ is not None:
+            stock.put_back(range_)
+
+
+def _commit_ranges(stock, keys: Sequence[str], taken: list, config: ReplicateConfig | None,
+                   single: bool) -> Operation:
+    """Commit written ranges under their keys, asking for as many again; per key 0 stored,
+    1 existed (the range goes back to stock), or a negative code. `single`: one key, by
+    put_commit, whose failures are raised."""
+    for range_ in taken:
+        stock.committed(range_)
+    refill: dict[int, int] = {}
+    for range_ in taken:
+        refill[range_[2]] = refill.get(range_[2], 0) + 1
+    wanted, release = stock.request(refill, all_or_nothing=False)
+    sent_at = time.monotonic()
+    try:
+        if single:
+            segment_id, offset, size, _ = taken[0]
+            stored, granted = yield calls.put_commit(keys[0], segment_id, offset, size, config,
+                                                     wanted, release)
+            codes = [0 if stored else 1]
+        else:
+            codes, granted = yield calls.batch_put_commit(
+                keys, [list(range_[:3]) for range_ in taken], config, wanted, release)
+    except MooncakedError as exc:
+        if exc.code not in _RANGE_GONE:
+            for range_ in taken:
+                stock.restore(range_)
+        raise
+    except BaseException:
+        for range_ in taken:
+            stock.restore(range_)
+        raise
+    stock.add(granted, sent_at)
+    for range_, code in zip(taken, codes):
+        if code not in _RANGE_GONE:
+            stock.restore(range_)
+    return codes
+
+
 def put_from(context, key: str, address: int, size_bytes: int,
              config: ReplicateConfig | None) -> Operation:
-    """Store `size_bytes` at `address`; False if the key existed."""
+    """Store `size_bytes` at `address`; False if the key existed.
+
+    Local and with a reserved range of this size in stock: one memcpy and one request
+    (put_commit). Else two requests: a reservation and the commit, or put_start and put_end.
+    """
     if context.segments is None:
         return (yield calls.put(key, _raw(address, size_bytes), config))
+    stock = _stock(context, config)
+    if stock is not None and size_bytes > 0:  # else put_start answers INVALID_PARAMS
+        taken = yield from _take_ranges(stock, [size_bytes])
+        if taken is not None:
+            segment_id, offset, _, _ = taken[0]
+            try:
+                context.segments.write(segment_id, offset, address, size_bytes)
+            except BaseException:
+                _put_back(stock, taken)
+                raise
+            [code] = yield from _commit_ranges(stock, [key], taken, config, single=True)
+            return code == 0
     try:
         segment_id, offset = yield calls.put_start(key, size_bytes, config)
     except MooncakedError as exc:
@@ -182,6 +280,23 @@ def batch_put_from_ranges(context, keys: Sequence[str], sizes: Sequence[int],
         for i, code in zip(valid, (yield call)):
             codes[i] = code
         return codes
+    stock = _stock(context, config)
+    if stock is not None:
+        taken = yield from _take_ranges(stock, [sizes[i] for i in valid])
+        if taken is not None:
+            try:
+                for i, (segment_id, base, _, _) in zip(valid, taken):
+                    for offset, address, length in ranges_per_key[i]:
+                        if length:
+                            context.segments.write(segment_id, base + offset, address, length)
+            except BaseException:
+                _put_back(stock, taken)
+                raise
+            committed = yield from _commit_ranges(stock, [keys[i] for i in valid], taken,
+                                                  config, single=False)
+            for i, code in zip(valid, committed):
+                codes[i] = code
+            return codes
     placements = yield calls.batch_put_start([keys[i] for i in valid],
                                              [sizes[i] for i in valid], config)
     started = []

@@ -321,7 +321,8 @@ handle_cluster_drain = _leader_call("drain")
 _OVERRIDES = {name[len("handle_"):]: function for name, function in globals().items()
               if name.startswith("handle_")}
 for _name in ("put_start", "put_end", "put_revoke", "batch_put_start", "batch_put_end",
-              "batch_put_revoke", "get_replica", "batch_get_replica"):
+              "batch_put_revoke", "get_replica", "batch_get_replica", "reserve", "put_commit",
+              "batch_put_commit"):
     _OVERRIDES[_name] = _no_shared_memory
 
 HANDLERS = {**single.HANDLERS, **_OVERRIDES}

@@ -63,6 +63,10 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self.client_name = ""
         # Unfinished shared-memory puts: object key -> (replicas, size_bytes).
         self.puts_in_progress: dict = {}
+        # Ranges reserved for this connection's next puts (daemon/reservations.py):
+        # (segment_id, offset) pairs, and the sum of their sizes.
+        self.reservations: set = set()
+        self.reserved_bytes = 0
         self._init_scratch()
         # The request whose payload is being received.
         self._incoming: Incoming | None = None

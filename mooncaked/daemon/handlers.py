@@ -12,6 +12,7 @@ from typing import Any
 from mooncaked import __version__
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.daemon.connection import Incoming, Reply
+from mooncaked.meta.commands import RESERVED_NAMESPACE
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.proto import framing
 
@@ -142,6 +143,8 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
         "max_key_bytes": daemon.max_key_bytes,
         "lease_ttl_ms": daemon.config.store.lease_ttl_ms,
         "segments": daemon.segment_descriptions() if conn.transport_kind == "unix" else [],
+        "max_reserved_bytes": daemon.max_reserved_bytes(conn),
+        "reservation_ttl_ms": daemon.config.store.put_start_release_timeout_ms,
     })
 
 
@@ -409,6 +412,106 @@ def handle_batch_put_revoke(conn, params: list, payload_length: int) -> Reply:
                           _keys(conn, params[0])))
 
 
+# -- reservations: one round trip per shared-memory put (daemon/reservations.py) ----------------
+
+def _wanted(conn, value: Any) -> list[tuple[int, int]]:
+    """[[size, count], ...]: the ranges a client asks to have reserved."""
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise _invalid("wanted must be an array of [size, count]")
+    wanted, total = [], 0
+    for item in value:
+        if type(item) is not list or len(item) != 2:
+            raise _invalid("wanted must be an array of [size, count]")
+        size, count = _int(item[0], "a wanted size", 1), _int(item[1], "a wanted count")
+        total += count
+        wanted.append((size, count))
+    if total > conn.daemon.max_batch_keys:
+        raise _invalid(f"at most {conn.daemon.max_batch_keys} ranges per request")
+    return wanted
+
+
+def _range_list(conn, value: Any, fields: int, name: str) -> list[tuple]:
+    """An array of [segment_id, offset] (or [segment_id, offset, size]) of int."""
+    if value is None:
+        return []
+    if type(value) is not list or len(value) > conn.daemon.max_batch_keys:
+        raise _invalid(f"{name} must be an array of at most {conn.daemon.max_batch_keys} "
+                       "ranges")
+    ranges = []
+    for item in value:
+        if type(item) is not list or len(item) != fields \
+                or any(type(v) is not int or v < 0 for v in item):
+            raise _invalid(f"each of {name} must be an array of {fields} ints >= 0")
+        ranges.append(tuple(item))
+    return ranges
+
+
+def _commit_config(conn, value: Any) -> ReplicateConfig:
+    config = _replicate_config(conn, value)
+    if config.replica_num != 1 or config.preferred_segments:
+        raise _invalid("a reserved range holds one replica: commit with replica_num 1 and no "
+                       "preferred_segments, or use put_start")
+    return config
+
+
+def handle_reserve(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 1, 2, "[wanted, release?]")
+    wanted = _wanted(conn, params[0])
+    release = _range_list(conn, _optional(params, 1, None), 2, "release")
+    daemon = conn.daemon
+    daemon.reservations.release(conn, release)
+    return Reply(daemon.reservations.grant(conn, wanted, daemon.now_ms()))
+
+
+def handle_put_commit(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 4, 7, "[key, segment_id, offset, size, config?, wanted?, release?]")
+    key = _key(conn, params[0])
+    segment_id = _int(params[1], "segment_id")
+    offset = _int(params[2], "offset")
+    size = _int(params[3], "size", 1)
+    config = _commit_config(conn, _optional(params, 4, None))
+    wanted = _wanted(conn, _optional(params, 5, None))
+    release = _range_list(conn, _optional(params, 6, None), 2, "release")
+    daemon = conn.daemon
+    reservations = daemon.reservations
+    now_ms = daemon.now_ms()
+    reservations.release(conn, release)
+    stored = reservations.commit(conn, key, segment_id, offset, size, config, now_ms)
+    return Reply([stored, reservations.grant(conn, wanted, now_ms)])
+
+
+def handle_batch_put_commit(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
+    _arity(params, 2, 5, "[keys, ranges, config?, wanted?, release?]")
+    keys = _keys(conn, params[0])
+    ranges = _range_list(conn, params[1], 3, "ranges")
+    if len(ranges) != len(keys):
+        raise _invalid("ranges must have one [segment_id, offset, size] per key")
+    if len(set(keys)) != len(keys):
+        raise _invalid("a batch must not repeat a key")
+    if len({(r[0], r[1]) for r in ranges}) != len(ranges):
+        raise _invalid("a batch must not repeat a range")
+    config = _commit_config(conn, _optional(params, 2, None))
+    wanted = _wanted(conn, _optional(params, 3, None))
+    release = _range_list(conn, _optional(params, 4, None), 2, "release")
+    daemon = conn.daemon
+    reservations = daemon.reservations
+    now_ms = daemon.now_ms()
+    reservations.release(conn, release)
+    codes = []
+    for key, (segment_id, offset, size) in zip(keys, ranges):
+        try:
+            stored = reservations.commit(conn, key, segment_id, offset, size, config, now_ms)
+            codes.append(0 if stored else 1)
+        except MooncakedError as exc:
+            codes.append(exc.code)
+    return Reply([codes, reservations.grant(conn, wanted, now_ms)])
+
+
 def _replica_location(conn, key, now_ms: int) -> list[int]:
     version = _leased_version(conn, key, now_ms)
     replica = conn.daemon.local_replica(version)
@@ -464,7 +567,7 @@ def handle_objects_list(conn, params: list, payload_length: int) -> Reply:
     daemon = conn.daemon
     found = []
     for key, entry in daemon.master.state.objects.items():
-        if namespace is not None and key[0] != namespace:
+        if (namespace is not None and key[0] != namespace) or key[0] == RESERVED_NAMESPACE:
             continue
         if not key[1].startswith(prefix) or (pattern and not pattern.search(key[1])):
             continue
@@ -483,7 +586,7 @@ def handle_object_stat(conn, params: list, payload_length: int) -> Reply:
         raise _invalid("namespace must name one namespace")
     key = (namespace, params[0])
     entry = conn.daemon.master.state.objects.get(key)
-    if entry is None:
+    if entry is None or namespace == RESERVED_NAMESPACE:
         raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
     return Reply(conn.daemon.describe_object(key, entry))
 

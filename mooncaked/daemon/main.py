@@ -26,6 +26,7 @@ from mooncaked._native import OffsetAllocator
 from mooncaked.daemon import handlers
 from mooncaked.daemon.connection import Connection
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
+from mooncaked.daemon.reservations import Reservations
 from mooncaked.daemon.sdnotify import Notifier
 from mooncaked.errors import ErrorCode
 from mooncaked.io.loops import choose_loop
@@ -71,6 +72,7 @@ class Daemon:
             put_start_release_timeout_ms=store.put_start_release_timeout_ms,
             allocation_strategy=store.allocation_strategy)
         self.master = Master(state, store, seed=int.from_bytes(os.urandom(8), "little"))
+        self.reservations = Reservations(self.master, server.max_reserved_bytes_per_connection)
         self.memory: dict[int, SegmentMemory] = {}
         self._connection_ids = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -172,7 +174,9 @@ class Daemon:
     def _tick(self) -> None:
         try:
             if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
-                self.master.tick(self.now_ms())
+                released = self.master.tick(self.now_ms())
+                if released and self.reservations:
+                    self.reservations.forget_released(self.connections)
         except Exception:
             log.exception("sweep failed")
         if self._notifier.enabled:
@@ -205,11 +209,24 @@ class Daemon:
             except Exception as exc:  # the put may have been preempted meanwhile
                 log.debug("revoking %r: %s", key, exc)
         conn.puts_in_progress.clear()
+        if conn.reservations:
+            self.reservations.release_all(conn)
         if self.draining and not self.connections:
             self._drained.set()
 
     def puts_in_progress(self) -> int:
-        return len(self.master.state.pending_order)
+        """Unfinished puts of clients (reservations are unfinished puts too, not counted)."""
+        return len(self.master.state.pending_order) - len(self.reservations)
+
+    def objects_count(self) -> int:
+        """Objects as users see them: readable or being written, not reservations."""
+        return len(self.master.state.objects) - len(self.reservations)
+
+    def max_reserved_bytes(self, conn: Connection) -> int:
+        """What a connection may hold reserved: 0 where shared memory is not offered."""
+        if conn.transport_kind != "unix" or self.cluster is not None:
+            return 0
+        return self.config.server.max_reserved_bytes_per_connection
 
     # -- data -------------------------------------------------------------------------------
 
@@ -278,7 +295,8 @@ class Daemon:
             "node_name": self.node_name, "server_version": __version__, "pid": self.pid,
             "uptime_s": round(time.time() - self.started_at, 3), "loop": self.loop_name(),
             "loop_reason": self.loop_reason,
-            "objects": len(state.objects), "used_bytes": state.used_bytes(),
+            "objects": self.objects_count(), "used_bytes": state.used_bytes(),
+            "reserved_bytes": self.reservations.reserved_bytes(),
             "capacity_bytes": state.capacity_bytes(), "connections": len(self.connections),
             "leases": self.master.active_leases(self.now_ms()),
             "puts_in_progress": self.puts_in_progress(), "tcp_port": self.tcp_port,
@@ -291,7 +309,7 @@ class Daemon:
 
     def _status_line(self) -> str:
         state = self.master.state
-        return (f"{len(state.objects)} objects, {state.used_bytes()}/{state.capacity_bytes()} "
+        return (f"{self.objects_count()} objects, {state.used_bytes()}/{state.capacity_bytes()} "
                 f"bytes used, {len(self.connections)} clients")
 
     # -- shutdown ---------------------------------------------------------------------------

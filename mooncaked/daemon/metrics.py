@@ -94,7 +94,7 @@ class StatsCollector:
         yield GaugeMetricFamily("mooncaked_leases", "Objects under a read lease",
                                 value=daemon.master.active_leases(now_ms))
         yield GaugeMetricFamily("mooncaked_objects", "Objects in the store (all namespaces)",
-                                value=len(daemon.master.state.objects))
+                                value=daemon.objects_count())
         yield GaugeMetricFamily("mooncaked_connections", "Open client connections",
                                 value=len(daemon.connections))
         yield CounterMetricFamily("mooncaked_connections_accepted", "Client connections "

@@ -27,6 +27,7 @@ TAGS: dict[type, int] = {
     c.ReleaseExpired: 8,
     c.NodeUp: 9,
     c.NodeDown: 10,
+    c.PutCommit: 11,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -44,6 +45,7 @@ def _is_int(value) -> bool:
 # What each field must look like, by field name (names mean the same in every command).
 _CHECKS = {
     "object_key": _is_key,
+    "reserved_key": _is_key,
     "object_keys": lambda v: type(v) is tuple and all(_is_key(k) for k in v),
     "preferred_segments": lambda v: type(v) is tuple and all(type(s) is str for s in v),
     "soft_pin_ttl_ms": lambda v: v is None or type(v) is int,

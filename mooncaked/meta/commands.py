@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 ObjectKey = tuple[str, str]  # (namespace, key)
 
+# The namespace of reservations: segment ranges granted to a local connection ahead of its puts
+# (wire/PROTOCOL.md 5.2). A reservation is a PutStart under a key of this namespace, which no
+# client can name ('#' is outside the namespace alphabet), and PutCommit moves it to a real key.
+RESERVED_NAMESPACE = "#reserved"
+
 # A cluster segment id is node_id (high bits), a mount generation (8 bits) and the segment's
 # index on its node (8 bits). A node that registers again (restarted, or declared down and
 # back) mounts its segments under a new generation, so a late write or read aimed at a range
@@ -79,6 +84,23 @@ class PutRevoke:
     # 0: the ranges are free at once. Else reused only after this: a replica write that timed
     # out may still land (a stalled node), and must not land in another object's range.
     release_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PutCommit:
+    """Make a writer's pending reservation the readable value of `object_key`, in one step.
+
+    Fails without change if the key exists (readable, or being written and younger than the
+    discard timeout): the reservation stays the writer's. A stale unfinished put of the key is
+    preempted as by PutStart.
+    """
+    reserved_key: ObjectKey
+    object_key: ObjectKey
+    size_bytes: int  # must be the reservation's size
+    soft_pin_ttl_ms: int | None  # None: no soft pin
+    hard_pin: bool
+    writer_id: int
+    now_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,18 @@ class Master:
         self.access.pop(key, None)
         self.access[key] = now_ms
 
+    def put_commit(self, reserved_key: c.ObjectKey, key: c.ObjectKey, size_bytes: int,
+                   config: ReplicateConfig, writer_id: int, now_ms: int) -> None:
+        """Store a reserved range as `key` (one replica); OBJECT_ALREADY_EXISTS if it exists."""
+        if config.replica_num != 1 or config.preferred_segments:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 "a reserved range is one replica: replica_num must be 1 "
+                                 "and preferred_segments empty")
+        self.propose(c.PutCommit(reserved_key, key, size_bytes, config.soft_pin_ttl_ms,
+                                 config.hard_pin, writer_id, now_ms))
+        self.access.pop(key, None)
+        self.access[key] = now_ms
+
     def put_revoke(self, key: c.ObjectKey, writer_id: int) -> None:
         self.propose(c.PutRevoke(key, writer_id))
 
@@ -145,10 +157,12 @@ class Master:
 
     # -- eviction and expiry ----------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> None:
-        """The periodic sweep: deadlines first, then eviction above the high watermark."""
-        self.propose(c.ReleaseExpired(now_ms))
+    def tick(self, now_ms: int) -> int:
+        """The periodic sweep: deadlines first, then eviction above the high watermark.
+        Returns what the deadlines released (ranges and unfinished puts)."""
+        released = self.propose(c.ReleaseExpired(now_ms))
         self.evict(now_ms)
+        return released
 
     def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0) -> int:
         """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.

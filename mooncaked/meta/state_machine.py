@@ -122,6 +122,7 @@ class StateMachine:
             c.PutStart: self._put_start,
             c.PutEnd: self._put_end,
             c.PutRevoke: self._put_revoke,
+            c.PutCommit: self._put_commit,
             c.Remove: self._remove,
             c.Evict: self._evict,
             c.ReleaseExpired: self._release_expired,
@@ -255,6 +256,39 @@ class StateMachine:
             entry.soft_pin_deadline_ms = cmd.now_ms + entry.soft_pin_ttl_ms
             entry.soft_pin_ttl_ms = None
         return replaced
+
+    def _put_commit(self, cmd: c.PutCommit) -> None:
+        """Move a pending reservation to `object_key` and make it readable (put then end)."""
+        reserved = self._owned_pending(cmd.reserved_key, cmd.writer_id)
+        version = reserved.pending
+        if reserved.complete is not None or cmd.reserved_key[0] != c.RESERVED_NAMESPACE:
+            raise MooncakedError(ErrorCode.INVALID_WRITE, "not a reservation")
+        if version.size_bytes != cmd.size_bytes:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"the reserved range has {version.size_bytes} bytes, "
+                                 f"the value {cmd.size_bytes}")
+        key = cmd.object_key
+        entry = self.objects.get(key)
+        if entry is not None:
+            if entry.complete is not None:
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key exists")
+            if cmd.now_ms - entry.pending.started_ms < self.discard_timeout_ms:
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS,
+                                     "the key is being written")
+            # A stale unfinished put of the key is preempted, as by PutStart; its writer may
+            # still be copying, so its ranges wait for the release timeout.
+            self._defer(entry.pending.replicas,
+                        entry.pending.started_ms + self.release_timeout_ms)
+            del self.pending_order[key]
+            del self.objects[key]
+        del self.pending_order[cmd.reserved_key]
+        del self.objects[cmd.reserved_key]
+        committed = ObjectEntry(cmd.hard_pin, cmd.now_ms)
+        committed.complete = Version(version.size_bytes, version.replicas, cmd.writer_id,
+                                     cmd.now_ms)
+        if cmd.soft_pin_ttl_ms is not None:
+            committed.soft_pin_deadline_ms = cmd.now_ms + cmd.soft_pin_ttl_ms
+        self.objects[key] = committed
 
     def _put_revoke(self, cmd: c.PutRevoke) -> None:
         entry = self._owned_pending(cmd.object_key, cmd.writer_id)
