@@ -118,10 +118,7 @@ class Cluster:
 
 
 def free_port_on(host: str) -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_port(host)
 
 
 class Partition:

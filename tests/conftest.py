@@ -8,6 +8,7 @@ is stopped by PID.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,37 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Test servers take ports below the kernel's ephemeral range (net.ipv4.ip_local_port_range,
+# 32768-60999 by default): a port the kernel hands out for binding to 0 can be taken by any
+# outgoing connection between the pick and the daemon's bind. Each port is handed out once per
+# test run, so two servers of one test never get the same one.
+_PORTS_FROM = 20000
+_ports_handed_out: set[int] = set()
+_port_random = random.Random()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    high = max(_ephemeral_low() - 1, _PORTS_FROM + 1000)
+    for _ in range(10_000):
+        port = _port_random.randint(_PORTS_FROM, high)
+        if port in _ports_handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _ports_handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORTS_FROM}-{high} on {host}")
 
 
 def toml_value(value) -> str:
