@@ -11,10 +11,10 @@ from __future__ import annotations
 import ctypes
 import select
 import socket
-from typing import Sequence
 
 from mooncaked.client import calls, operations
-from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.api import BlockingCalls
+from mooncaked.client.calls import Call
 from mooncaked.client.reservations import ReservationStock
 from mooncaked._native import buffer_address, new_bytes
 from mooncaked.client.shared_memory import SharedSegments
@@ -59,7 +59,7 @@ def raw_buffer(address: int, size_bytes: int) -> memoryview:
     return memoryview((ctypes.c_char * size_bytes).from_address(address)).cast("B")
 
 
-class BlockingClient:
+class BlockingClient(BlockingCalls):
     def __init__(self, sock: socket.socket, kind: str) -> None:
         self._sock = sock
         self.transport_kind = kind
@@ -136,10 +136,6 @@ class BlockingClient:
     @property
     def lease_ttl_ms(self) -> int:
         return self.server.get("lease_ttl_ms", 0)
-
-    def call(self, method: str, *params):
-        """Any method of wire/PROTOCOL.md without a payload: its result (administration)."""
-        return self._run(calls.simple(method, *params))
 
     # -- the socket -------------------------------------------------------------------------
 
@@ -250,103 +246,10 @@ class BlockingClient:
         except StopIteration as done:
             return done.value
 
-    def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
-        """Store a value; False if the key already existed (its value is kept)."""
-        return self.drive(operations.put(self, key, value, config))
+    # -- BlockingCalls (client/api.py): every call, written once ----------------------------
 
-    def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
-        self._run(calls.upsert(key, value, config))
+    def _request(self, call: Call, reads_only: bool):
+        return self._run(call)
 
-    def get(self, key: str) -> bytes:
-        return self.drive(operations.get(self, key))
-
-    def get_into(self, key: str, buffer) -> int:
-        """Receive a value into a writable buffer through the socket; returns its size."""
-        return self._run(calls.get(key, into=buffer))
-
-    def exists(self, key: str) -> bool:
-        return self._run(calls.exists(key))
-
-    def get_size(self, key: str) -> int:
-        return self._run(calls.get_size(key))
-
-    def remove(self, key: str, force: bool = False) -> None:
-        self._run(calls.remove(key, force))
-
-    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        return self._run(calls.remove_by_regex(pattern, force))
-
-    def remove_all(self, force: bool = False) -> int:
-        return self._run(calls.remove_all(force))
-
-    def batch_put(self, keys: Sequence[str], values: Sequence,
-                  config: ReplicateConfig | None = None) -> list[int]:
-        return self._run(calls.batch_put(keys, values, config))
-
-    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return self._run(calls.batch_get(keys))
-
-    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        return self._run(calls.batch_exists(keys))
-
-    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return self._run(calls.batch_remove(keys, force))
-
-    def ping(self) -> str:
-        return self._run(calls.simple("ping"))
-
-    # -- values at raw addresses: shared memory when local ----------------------------------
-
-    def put_from(self, key: str, address: int, size_bytes: int,
-                 config: ReplicateConfig | None = None) -> bool:
-        """Store `size_bytes` at `address` (this process's memory); False if the key existed."""
-        return self.drive(operations.put_from(self, key, address, size_bytes, config))
-
-    def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
-        """Copy a value to `address` (room for `size_bytes`); returns the value's size."""
-        return self.drive(operations.get_into_address(self, key, address, size_bytes))
-
-    def batch_put_from(self, keys: Sequence[str], addresses: Sequence[int],
-                       sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
-        """Per key: 0 stored, 1 already existed, or a negative error code."""
-        return self.drive(operations.batch_put_from(self, keys, addresses, sizes, config))
-
-    def batch_get_into(self, keys: Sequence[str], addresses: Sequence[int],
-                       sizes: Sequence[int]) -> list[int]:
-        """Per key: the value's size, or a negative error code."""
-        return self.drive(operations.batch_get_into(self, keys, addresses, sizes))
-
-    def batch_put_from_ranges(self, keys: Sequence[str], sizes: Sequence[int],
-                              ranges_per_key: Sequence[Sequence[operations.Range]],
-                              config: ReplicateConfig | None = None) -> list[int]:
-        """Per key, an object of `sizes[i]` bytes gathered from `(offset, address, size)`
-        ranges; per key 0 stored, 1 already existed, or a negative error code."""
-        return self.drive(operations.batch_put_from_ranges(self, keys, sizes, ranges_per_key,
-                                                           config))
-
-    def batch_get_into_ranges(self, keys: Sequence[str],
-                              ranges_per_key: Sequence[Sequence[operations.Range]],
-                              capacities: Sequence[int] | None = None) -> list[int]:
-        """Per key, `(offset, address, size)` ranges of the value scattered to this process's
-        memory (clipped at the value's end); per key the value's size or a negative code.
-        With `capacities`, a value larger than its capacity is not copied (INVALID_PARAMS)."""
-        return self.drive(operations.batch_get_into_ranges(self, keys, ranges_per_key,
-                                                           capacities))
-
-    # -- administration ---------------------------------------------------------------------
-
-    def status(self) -> dict:
-        return self._run(calls.simple("status"))
-
-    def segment_report(self) -> list[dict]:
-        return self._run(calls.simple("segments"))
-
-    def objects_list(self, prefix: str = "", regex: str | None = None,
-                     namespace: str | None = None, limit: int = 1000) -> list[dict]:
-        return self._run(calls.simple("objects_list", prefix, regex, namespace, limit))
-
-    def object_stat(self, key: str, namespace: str | None = None) -> dict:
-        return self._run(calls.simple("object_stat", key, namespace))
-
-    def config_show(self) -> dict:
-        return self._run(calls.simple("config_show"))
+    def _operation(self, start, reads_only: bool):
+        return self.drive(start(self))

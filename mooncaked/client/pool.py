@@ -20,18 +20,19 @@ until `close` (a thread may still be copying from it).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Callable
 
 from mooncaked.client import calls, operations
+from mooncaked.client.api import BlockingCalls
 from mooncaked.client.blocking import BlockingClient
-from mooncaked.client.calls import Call, ReplicateConfig
+from mooncaked.client.calls import Call
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError
 
 DEFAULT_MAX_CONNECTIONS = 16
 
 
-class ClientPool:
+class ClientPool(BlockingCalls):
     def __init__(self, address: str, namespace: str, client_name: str,
                  timeout_s: float | None, max_connections: int, map_segments: bool) -> None:
         if max_connections < 1:
@@ -129,42 +130,37 @@ class ClientPool:
             connection.use_segments(self.segments if key == self._segments_key else None)
 
     def _borrow(self) -> BlockingClient:
-        while True:
-            with self._lock:
-                while True:
-                    if self._closed:
-                        raise MooncakedError(ErrorCode.RPC_FAIL, "the client is closed")
-                    if self._idle:
-                        connection = self._idle.pop()
-                        break
-                    if self._open_count < self.max_connections:
-                        self._open_count += 1
-                        connection = None
-                        break
-                    self._lock.wait()
-            if connection is None:
-                try:
-                    return self._open()
-                except BaseException as exc:
-                    self._forget_one()
-                    if isinstance(exc, (OSError, ValueError)):
-                        raise MooncakedError(ErrorCode.RPC_FAIL,
-                                             f"cannot connect to {self.address}: {exc}") from exc
-                    raise
-            if not connection.peer_closed():
-                return connection
-            connection.close()  # the daemon went away while it was idle: open another
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise MooncakedError(ErrorCode.RPC_FAIL, "the client is closed")
+                if self._idle:
+                    connection = self._idle.pop()
+                    break
+                if self._open_count < self.max_connections:
+                    self._open_count += 1
+                    connection = None
+                    break
+                self._lock.wait()
+        if connection is None:
+            return self._open_counted()  # connecting outside the lock
+        if not connection.peer_closed():
+            return connection
+        # The daemon went away while it was idle: a new connection takes its place (and its
+        # place in _open_count).
+        connection.close()
+        return self._open_counted()
+
+    def _open_counted(self) -> BlockingClient:
+        """Open a connection already counted in _open_count; uncount it if that fails."""
+        try:
+            return self._open()
+        except BaseException as exc:
             self._forget_one()
-            with self._lock:
-                self._open_count += 1
-            try:
-                return self._open()
-            except BaseException as exc:
-                self._forget_one()
-                if isinstance(exc, (OSError, ValueError)):
-                    raise MooncakedError(ErrorCode.RPC_FAIL,
-                                         f"cannot connect to {self.address}: {exc}") from exc
-                raise
+            if isinstance(exc, (OSError, ValueError)):
+                raise MooncakedError(ErrorCode.RPC_FAIL,
+                                     f"cannot connect to {self.address}: {exc}") from exc
+            raise
 
     def _forget_one(self) -> None:
         with self._lock:
@@ -223,101 +219,10 @@ class ClientPool:
     def _drive(self, make: Callable[[BlockingClient], operations.Operation], reads_only: bool):
         return self._execute(lambda connection: connection.drive(make(connection)), reads_only)
 
-    def call(self, method: str, *params):
-        """Any method of wire/PROTOCOL.md without a payload (administration)."""
-        return self._run(calls.simple(method, *params))
+    # -- BlockingCalls (client/api.py): every call, written once ----------------------------
 
-    # -- values through the socket (or shared memory when local) ----------------------------
+    def _request(self, call: Call, reads_only: bool):
+        return self._run(call, reads_only)
 
-    def put(self, key: str, value, config: ReplicateConfig | None = None) -> bool:
-        return self._drive(lambda c: operations.put(c, key, value, config), False)
-
-    def upsert(self, key: str, value, config: ReplicateConfig | None = None) -> None:
-        self._run(calls.upsert(key, value, config))
-
-    def get(self, key: str) -> bytes:
-        return self._drive(lambda c: operations.get(c, key), True)
-
-    def get_into(self, key: str, buffer) -> int:
-        return self._run(calls.get(key, into=buffer), True)
-
-    def exists(self, key: str) -> bool:
-        return self._run(calls.exists(key), True)
-
-    def get_size(self, key: str) -> int:
-        return self._run(calls.get_size(key), True)
-
-    def remove(self, key: str, force: bool = False) -> None:
-        self._run(calls.remove(key, force))
-
-    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        return self._run(calls.remove_by_regex(pattern, force))
-
-    def remove_all(self, force: bool = False) -> int:
-        return self._run(calls.remove_all(force))
-
-    def batch_put(self, keys: Sequence[str], values: Sequence,
-                  config: ReplicateConfig | None = None) -> list[int]:
-        return self._run(calls.batch_put(keys, values, config))
-
-    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return self._run(calls.batch_get(keys), True)
-
-    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        return self._run(calls.batch_exists(keys), True)
-
-    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return self._run(calls.batch_remove(keys, force))
-
-    def ping(self) -> str:
-        return self._run(calls.simple("ping"), True)
-
-    # -- values at raw addresses ------------------------------------------------------------
-
-    def put_from(self, key: str, address: int, size_bytes: int,
-                 config: ReplicateConfig | None = None) -> bool:
-        return self._drive(lambda c: operations.put_from(c, key, address, size_bytes, config),
-                           False)
-
-    def get_into_address(self, key: str, address: int, size_bytes: int) -> int:
-        return self._drive(lambda c: operations.get_into_address(c, key, address, size_bytes),
-                           True)
-
-    def batch_put_from(self, keys: Sequence[str], addresses: Sequence[int],
-                       sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
-        return self._drive(
-            lambda c: operations.batch_put_from(c, keys, addresses, sizes, config), False)
-
-    def batch_get_into(self, keys: Sequence[str], addresses: Sequence[int],
-                       sizes: Sequence[int]) -> list[int]:
-        return self._drive(lambda c: operations.batch_get_into(c, keys, addresses, sizes), True)
-
-    def batch_put_from_ranges(self, keys: Sequence[str], sizes: Sequence[int],
-                              ranges_per_key: Sequence[Sequence[operations.Range]],
-                              config: ReplicateConfig | None = None) -> list[int]:
-        return self._drive(lambda c: operations.batch_put_from_ranges(
-            c, keys, sizes, ranges_per_key, config), False)
-
-    def batch_get_into_ranges(self, keys: Sequence[str],
-                              ranges_per_key: Sequence[Sequence[operations.Range]],
-                              capacities: Sequence[int] | None = None) -> list[int]:
-        return self._drive(
-            lambda c: operations.batch_get_into_ranges(c, keys, ranges_per_key, capacities), True)
-
-    # -- administration ---------------------------------------------------------------------
-
-    def status(self) -> dict:
-        return self._run(calls.simple("status"), True)
-
-    def segment_report(self) -> list[dict]:
-        return self._run(calls.simple("segments"), True)
-
-    def objects_list(self, prefix: str = "", regex: str | None = None,
-                     namespace: str | None = None, limit: int = 1000) -> list[dict]:
-        return self._run(calls.simple("objects_list", prefix, regex, namespace, limit), True)
-
-    def object_stat(self, key: str, namespace: str | None = None) -> dict:
-        return self._run(calls.simple("object_stat", key, namespace), True)
-
-    def config_show(self) -> dict:
-        return self._run(calls.simple("config_show"), True)
+    def _operation(self, start, reads_only: bool):
+        return self._drive(start, reads_only)
