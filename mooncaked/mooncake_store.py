@@ -16,9 +16,10 @@ How it maps onto mooncaked:
   RDMA, metadata-server, SSD-offload and client-HTTP arguments. The daemon is found at
   `master_server_addr` (`unix:PATH`, `/PATH` or `HOST:PORT`) unless $MOONCAKED_ADDRESS names
   another address; `tenant_id` selects the mooncaked namespace.
-- Zero-copy calls (`*_from`, `*_into`, multi-buffer and range forms) need their memory inside
-  a buffer given to `register_buffer`, as in Mooncake. Over the Unix socket the copy is one
-  memcpy to or from the daemon's shared memory.
+- Zero-copy calls (`*_from`, `*_into`, multi-buffer forms) take any non-null address, as
+  Mooncake's TCP transport does; `register_buffer` is bookkeeping (`get_into_ranges` needs a
+  registered buffer, as in Mooncake). Over the Unix socket the copy is one memcpy to or from
+  the daemon's shared memory.
 - Before setup and after close every call answers Mooncake's "client not initialized" code
   (INVALID_PARAMS, -600, or None / b"" where Mooncake returns those) instead of crashing; a
   call whose connection broke answers RPC_FAIL (-900): a mutation may or may not have taken
@@ -491,7 +492,7 @@ class MooncakeDistributedStore:
             return [None if v is None else BufferHandle(v) for v in client.batch_get(keys)]
         return self._run(work, [None for _ in keys], lambda code: [None for _ in keys])
 
-    # -- values at registered addresses -----------------------------------------------------
+    # -- values at raw addresses ------------------------------------------------------------
 
     def put_from(self, key: str, buffer_ptr: int, size: int,
                  config: ReplicateConfig = None) -> int:
@@ -543,7 +544,7 @@ class MooncakeDistributedStore:
                        sizes: Sequence[int], config: ReplicateConfig = None) -> list[int]:
         """A repeated key: every copy answers 0 and the value is the last one's (Mooncake
         copies each buffer in order into the one object)."""
-        results = self._registered_batch(
+        results = self._addressed_batch(
             keys, buffer_ptrs, sizes,
             lambda c, k, p, s: c.batch_put_from(k, p, s, self._checked_config(config, len(keys))),
             unique=_last_of_each)
@@ -561,14 +562,14 @@ class MooncakeDistributedStore:
                 except MooncakedError as exc:
                     codes.append(_mooncake_code(exc.code))
             return codes
-        return self._registered_batch(keys, buffer_ptrs, sizes, upsert_each)
+        return self._addressed_batch(keys, buffer_ptrs, sizes, upsert_each)
 
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int]) -> list[int]:
-        return self._registered_batch(keys, buffer_ptrs, sizes,
+        return self._addressed_batch(keys, buffer_ptrs, sizes,
                                       lambda c, k, p, s: c.batch_get_into(k, p, s))
 
-    def _registered_batch(self, keys, buffer_ptrs, sizes, run, unique=None) -> list[int]:
+    def _addressed_batch(self, keys, buffer_ptrs, sizes, run, unique=None) -> list[int]:
         """Run a batch call on the keys with a non-empty buffer; the others get
         INVALID_PARAMS, as in Mooncake. With `unique` (a function of the keys giving the
         indexes to send), a repeated key is sent once and every copy gets its result."""
@@ -596,8 +597,8 @@ class MooncakeDistributedStore:
     # -- scatter / gather: the calls vLLM's connector uses ----------------------------------
 
     def _check_multi(self, keys, all_buffer_ptrs, all_sizes) -> list[int] | None:
-        """Per key INVALID when its buffers do not match its sizes or lie outside registered
-        memory; None when the whole call is malformed."""
+        """Per key INVALID when its buffers do not match its sizes or one is at a null
+        address; None when the whole call is malformed."""
         if not len(keys) == len(all_buffer_ptrs) == len(all_sizes):
             return None
         codes = []
