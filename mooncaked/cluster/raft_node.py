@@ -80,6 +80,9 @@ class RaftNode:
         self._sync_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="raft-sync")
         self.fatal: Callable[[BaseException], None] = lambda error: None
+        # Set when the node cannot go on without diverging from its peers (an entry it cannot
+        # apply, a log it cannot sync): from then on it does nothing (fail-stop).
+        self.halted: BaseException | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.leader_id = 0
@@ -127,12 +130,16 @@ class RaftNode:
         self.store.close()
 
     def _tick(self) -> None:
+        if self.halted is not None:
+            return
         self._catch_up_ticks()
         self._expire_proposals()
         self._schedule()
         self._ticker = self._loop.call_later(self.tick_ms / 1000, self._tick)
 
     def step(self, data: bytes) -> None:
+        if self.halted is not None:
+            return
         try:
             message = codec.decode_message(data)
         except ValueError as exc:
@@ -151,6 +158,8 @@ class RaftNode:
 
     def _process(self) -> None:
         self._scheduled = False
+        if self.halted is not None:
+            return
         if self._reads_unsent:
             self._catch_up_ticks()
             self._submit_reads()
@@ -183,6 +192,8 @@ class RaftNode:
                         self._persisted(done, ready, first))
                     return
             self._finish(ready, leader_sends_first)
+            if self.halted is not None:
+                return
         self._after_batches()
 
     def _needs_sync(self, ready) -> bool:
@@ -203,11 +214,11 @@ class RaftNode:
         if error is not None:
             # The log cannot be made durable: stop acting on it rather than acknowledge
             # what a crash could lose (fail-stop, as the log's users expect).
-            log.critical("the Raft log could not be synced: %s; stopping", error)
-            self._fail_all(MooncakedError(ErrorCode.INTERNAL_ERROR, "the Raft log failed"))
-            self.fatal(error)
+            self._halt(error, "the Raft log could not be synced")
             return
         self._finish(ready, leader_sent_first)
+        if self.halted is not None:
+            return
         self._after_batches()
         self._schedule()
 
@@ -218,7 +229,15 @@ class RaftNode:
         if ready.snapshot is not None:
             self._restore(ready.snapshot)
         for entry in ready.committed_entries:
-            self._apply(entry)
+            try:
+                self._apply(entry)
+            except Exception as error:
+                # Every node applies the same entries in the same order; one that skips an
+                # entry (or the rest of a batch) holds another state from then on. Stop here,
+                # without advancing, rather than serve a state no other node has.
+                self._halt(error, f"entry {entry.index} (term {entry.term}) could not be "
+                           "applied")
+                return
         for read in ready.read_states:
             waiters = self._reads_sent.pop(read.context, [])
             for waiter in waiters:
@@ -259,18 +278,17 @@ class RaftNode:
 
     def _apply(self, entry) -> None:
         waiter = None
-        proposed = self._proposals.pop(entry.index, None)
+        # Left in _proposals until applied: if applying fails, _halt fails it with the rest.
+        proposed = self._proposals.get(entry.index)
         if proposed is not None:
             term, waiter, _ = proposed
             if term != entry.term:  # another leader's entry took this index: ours is gone
+                del self._proposals[entry.index]
                 if not waiter.done():
                     waiter.set_exception(MooncakedError(
                         ErrorCode.NO_LEADER, "leadership changed before the request was "
                         "committed; it was not applied"))
                 waiter = None
-        self.applied_index = entry.index
-        self.applied_term = entry.term
-        self.stats["entries_applied"] += 1
         if entry.kind == EntryKind.CONF_CHANGE:
             change = codec.decode_conf_change(entry.data)
             conf_state = self.core.apply_conf_change(change)
@@ -285,6 +303,11 @@ class RaftNode:
                 result = exc
         else:
             command = result = None  # a new leader's no-op
+        self.applied_index = entry.index
+        self.applied_term = entry.term
+        self.stats["entries_applied"] += 1
+        if waiter is not None:
+            del self._proposals[entry.index]
         if waiter is not None and not waiter.done():
             if isinstance(result, MooncakedError):
                 waiter.set_exception(result)
@@ -292,6 +315,16 @@ class RaftNode:
                 waiter.set_result(result)
         if command is not None:
             self.on_applied(entry.index, command, result)
+
+    def _halt(self, error: BaseException, reason: str) -> None:
+        log.critical("node %d: %s: %s: %s; stopping", self.node_id, reason,
+                     type(error).__name__, error, exc_info=error)
+        self.halted = error
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._fail_all(MooncakedError(ErrorCode.INTERNAL_ERROR,
+                                      f"this node stopped: {reason}"))
+        self.fatal(error)
 
     def _restore(self, snapshot: Snapshot) -> None:
         self.state.restore(snapshot.data)
@@ -324,6 +357,9 @@ class RaftNode:
 
     def _propose(self, append: Callable[[], int]) -> asyncio.Future:
         waiter = self._loop.create_future()
+        if self.halted is not None:
+            waiter.set_exception(MooncakedError(ErrorCode.INTERNAL_ERROR, "this node stopped"))
+            return waiter
         if len(self._proposals) >= self.max_pending_proposals:
             waiter.set_exception(MooncakedError(ErrorCode.BUSY, "too many proposals pending"))
             return waiter
@@ -366,6 +402,9 @@ class RaftNode:
     def read_barrier(self) -> asyncio.Future:
         """Resolves once this leader may answer a read linearizably (read index or lease)."""
         waiter = self._loop.create_future()
+        if self.halted is not None:
+            waiter.set_exception(MooncakedError(ErrorCode.INTERNAL_ERROR, "this node stopped"))
+            return waiter
         self._reads_unsent.append(waiter)
         self._schedule()
         return waiter

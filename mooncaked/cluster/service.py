@@ -140,7 +140,7 @@ class ClusterService:
         self.raft.on_applied = self._applied
         self.raft.on_conf_change = self._conf_changed
         self.raft.on_snapshot_restored = self._snapshot_restored
-        self.raft.fatal = lambda error: daemon.request_stop()
+        self.raft.fatal = lambda error: daemon.fail_stop(f"the Raft node stopped: {error!r}")
         for node in daemon.master.state.nodes.values():
             self.addresses.setdefault(node.node_id, node.peer_address)
         self.raft.start()

@@ -39,6 +39,7 @@ from mooncaked.meta.state_machine import Replica, StateMachine, Version
 log = logging.getLogger("mooncaked")
 
 DEFAULT_CONFIG_PATH = "/etc/mooncaked/mooncaked.toml"
+EXIT_FAILED = 70  # EX_SOFTWARE: a fatal error at run time (fail_stop)
 
 
 def monotonic_ms() -> int:
@@ -85,6 +86,7 @@ class Daemon:
         self.loop_reason = ""  # why this event loop was chosen (status, log)
         self.join_address = ""  # --join: a cluster member to join through
         self.cluster = None  # the ClusterService when [cluster] enabled
+        self.exit_status = 0  # EXIT_FAILED after fail_stop
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -328,6 +330,13 @@ class Daemon:
             self._drained.set()
         self.stop_requested.set()
 
+    def fail_stop(self, reason: str) -> None:
+        """Stop because going on could serve wrong state; exit non-zero so a supervisor
+        (systemd's Restart=on-failure) sees the failure."""
+        log.critical("stopping on a fatal error: %s", reason)
+        self.exit_status = EXIT_FAILED
+        self.request_stop()
+
     def abandon(self) -> None:
         """Undo a start-up that failed part way: listeners closed, segment files removed."""
         for server in self._servers:
@@ -370,7 +379,8 @@ class Daemon:
 
 
 async def serve(config: config_module.Config, loop_reason: str = "",
-                join_address: str = "") -> None:
+                join_address: str = "") -> int:
+    """Run a daemon until it is stopped; its exit status."""
     daemon = Daemon(config)
     daemon.loop_reason = loop_reason
     daemon.join_address = join_address
@@ -381,6 +391,7 @@ async def serve(config: config_module.Config, loop_reason: str = "",
         raise
     await daemon.stop_requested.wait()
     await daemon.stop()
+    return daemon.exit_status
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -427,8 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("event loop: %s", loop_reason)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config, loop_reason, args.join))
+            return runner.run(serve(config, loop_reason, args.join))
     except (OSError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1
-    return 0

@@ -1,0 +1,107 @@
+"""cluster/raft_node.py on its own: one voter, a real log in a temp dir, a fake state machine.
+
+Applying is fail-stop: an entry the state machine cannot apply stops the node where it is.
+"""
+
+import asyncio
+
+import pytest
+
+from mooncaked.cluster.raft_node import RaftNode
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import commands
+from mooncaked.raft.log_store import LogStore
+from mooncaked.raft.types import Role
+
+
+class RecordingState:
+    """Applies NodeUp commands by recording their names; a name starting "bug" raises the
+    kind of exception a decoding slip or a bug would."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    def apply(self, command):
+        if command.name.startswith("bug"):
+            raise ValueError(f"cannot apply {command.name}")
+        if command.name.startswith("refused"):
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "refused by the state machine")
+        self.applied.append(command.name)
+        return len(self.applied)
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+def _node_up(name: str) -> commands.NodeUp:
+    return commands.NodeUp(1, name, "127.0.0.1:1", "127.0.0.1:2")
+
+
+async def _leader(tmp_path, state) -> RaftNode:
+    node = RaftNode(1, state, LogStore(str(tmp_path), fsync="none"), election_ticks=2,
+                    heartbeat_ticks=1, tick_ms=5, read_mode="safe", snapshot_entries=10_000,
+                    max_pending_proposals=100, proposal_timeout_ms=1000, initial_voters=(1,),
+                    send=lambda to, data: True)
+    node.start()
+    for _ in range(400):
+        if node.role == Role.LEADER:
+            return node
+        await asyncio.sleep(0.005)
+    node.stop()
+    raise AssertionError("a single voter did not become leader")
+
+
+def test_a_refused_command_is_an_answer_not_a_failure(tmp_path):
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            with pytest.raises(MooncakedError) as refused:
+                await node.propose(_node_up("refused-1"))
+            assert refused.value.code == ErrorCode.INVALID_PARAMS
+            assert await node.propose(_node_up("a")) == 1
+            assert node.halted is None
+        finally:
+            node.stop()
+    asyncio.run(scenario())
+
+
+def test_an_entry_that_cannot_be_applied_stops_the_node(tmp_path):
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        fatal: list[BaseException] = []
+        node.fatal = fatal.append
+        unhandled: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unhandled.append(ctx))
+        try:
+            assert await node.propose(_node_up("first")) == 1
+            applied_before = node.applied_index
+            # Three proposals in one batch: the middle one breaks the state machine.
+            waiters = [node.propose(_node_up(name)) for name in ("second", "bug", "third")]
+            # Bounded only so that a node that loses a waiter fails rather than hangs.
+            results = await asyncio.wait_for(
+                asyncio.gather(*waiters, return_exceptions=True), 30)
+            assert results[0] == 2
+            assert isinstance(results[1], MooncakedError)
+            assert results[1].code == ErrorCode.INTERNAL_ERROR
+            assert isinstance(results[2], MooncakedError)  # never applied after the bad one
+            assert results[2].code == ErrorCode.INTERNAL_ERROR
+            assert state.applied == ["first", "second"]
+            assert node.applied_index == applied_before + 1
+            assert len(fatal) == 1 and isinstance(fatal[0], ValueError)
+            assert node.halted is fatal[0]
+            assert unhandled == []  # handled where it happened, not by the loop's handler
+            # Halted: it takes nothing more and applies nothing more.
+            with pytest.raises(MooncakedError):
+                await node.propose(_node_up("later"))
+            with pytest.raises(MooncakedError):
+                await node.read_barrier()
+            await asyncio.sleep(0.05)
+            assert state.applied == ["first", "second"]
+        finally:
+            node.stop()
+    asyncio.run(scenario())
