@@ -350,7 +350,13 @@ class RaftNode:
 
     def propose(self, command) -> asyncio.Future:
         """Append a command to the log; the future gives the state machine's result."""
-        return self._propose(lambda: self.core.propose(command_codec.encode(command)))
+        try:
+            data = command_codec.encode(command)
+        except ValueError as exc:  # refused here: what no node could decode is never logged
+            waiter = self._loop.create_future()
+            waiter.set_exception(MooncakedError(ErrorCode.INVALID_PARAMS, str(exc)))
+            return waiter
+        return self._propose(lambda: self.core.propose(data))
 
     def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
         return self._propose(lambda: self.core.propose_conf_change(change))

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 from typing import Any
 
+from mooncaked.cluster import meta_requests
 from mooncaked.cluster.master import ReplicatedMaster
 from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized_bytearray
 from mooncaked.cluster.raft_node import RaftNode
@@ -32,7 +32,6 @@ from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica, Version
-from mooncaked.raft import codec
 from mooncaked.raft.log_store import LogStore
 from mooncaked.raft.types import ConfChange, ConfChangeKind, Role
 
@@ -56,11 +55,6 @@ def replicas_from_wire(value) -> list[Replica]:
 def config_to_wire(config: ReplicateConfig) -> list:
     return [config.replica_num, list(config.preferred_segments), config.soft_pin_ttl_ms,
             config.hard_pin]
-
-
-def config_from_wire(value) -> ReplicateConfig:
-    replica_num, preferred, soft_pin_ttl_ms, hard_pin = value
-    return ReplicateConfig(replica_num, tuple(preferred), soft_pin_ttl_ms, hard_pin)
 
 
 def _int_params(params: list, count: int, shape: str) -> list:
@@ -426,34 +420,33 @@ class ClusterService:
         if self.raft.role != Role.LEADER:
             raise MooncakedError(ErrorCode.NO_LEADER,
                                  f"not the leader (leader: {self.raft.leader_id or '?'})")
+        # Checked before anything is proposed: what is proposed, every node applies.
+        params = meta_requests.check(method, params)
         master = self.master
         if method == "put_start":
             key, size, config, upsert, writer_id = params
-            replicas = await master.put_start_async(tuple(key), size, config_from_wire(config),
-                                                    upsert, writer_id)
+            replicas = await master.put_start_async(key, size, config, upsert, writer_id)
             return replicas_to_wire(replicas)
         if method == "put_end":
             key, writer_id = params
-            await master.put_end_async(tuple(key), writer_id)
+            await master.put_end_async(key, writer_id)
             return 0
         if method == "put_revoke":
             key, writer_id, hold_ms = params
-            await master.put_revoke_async(tuple(key), writer_id, hold_ms)
+            await master.put_revoke_async(key, writer_id, hold_ms)
             return 0
         if method == "read":
-            versions = await master.read([tuple(key) for key in params[0]])
+            versions = await master.read(params[0])
             return [version_to_wire(v) for v in versions]
         if method == "remove":
             key, force = params
-            await master.remove_async(tuple(key), force)
+            await master.remove_async(key, force)
             return 0
         if method == "remove_matching":
             namespace, pattern, force = params
-            compiled = re.compile(pattern) if pattern is not None else None
-            return await master.remove_matching_async(namespace, compiled, force)
+            return await master.remove_matching_async(namespace, pattern, force)
         if method == "register":
-            for data in params[0]:
-                command = command_codec.decode(data)
+            for command in params[0]:
                 try:
                     await self.raft.propose(command)
                 except MooncakedError as exc:
@@ -486,10 +479,9 @@ class ClusterService:
             (node_id,) = params
             self.raft.transfer_leader(node_id)
             return 0
-        if method == "drain":
-            (node_id,) = params
-            return await self._drain(node_id)
-        raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no meta method {method!r}")
+        assert method == "drain", method  # meta_requests.check knows no other method
+        (node_id,) = params
+        return await self._drain(node_id)
 
     async def _drain(self, node_id: int) -> dict:
         """Copy objects whose only replicas are on the node elsewhere, then remove the node."""

@@ -59,9 +59,18 @@ _CHECKS = {
 
 
 def encode(command) -> bytes:
+    """The command's bytes; ValueError for a command `decode` would refuse, so that nothing
+    that no node can decode is ever proposed."""
     cls = type(command)
-    return msgpack.packb([TAGS[cls], *(getattr(command, name) for name in _FIELDS[cls])],
-                         use_bin_type=True)
+    if cls not in TAGS:
+        raise ValueError(f"command: {cls.__name__} is not a log command")
+    try:
+        data = msgpack.packb([TAGS[cls], *(getattr(command, name) for name in _FIELDS[cls])],
+                             use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"command {cls.__name__}: cannot encode ({exc})") from None
+    _check(msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True))
+    return data
 
 
 def decode(data: bytes):
@@ -69,6 +78,10 @@ def decode(data: bytes):
         value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise ValueError(f"command: not msgpack ({exc})") from None
+    return _check(value)
+
+
+def _check(value):
     if type(value) is not tuple or not value or type(value[0]) is not int:
         raise ValueError("command: expected an array starting with a tag")
     cls = _BY_TAG.get(value[0])
