@@ -130,6 +130,9 @@ class ClusterService:
         self.master = ReplicatedMaster(daemon.master.state, daemon.config.store, self.raft,
                                        seed=int.from_bytes(os.urandom(8), "little"))
         daemon.master = self.master
+        # Ages and leases in reports (objects stat, status, metrics) on the log's clock, as
+        # the master grants them, not this process's own monotonic clock.
+        daemon.now_ms = self.master.now_ms
         self.raft.on_role_change = self._role_changed
         self.raft.on_applied = self._applied
         self.raft.on_conf_change = self._conf_changed
