@@ -8,11 +8,14 @@ count, errors have the codes and the connection outcomes it gives), and what the
 Method: a raw client written from the page (struct for the 8-byte prefix, a msgpack codec for
 the header; nothing of mooncaked's own codec) against real daemons, over TCP and the Unix
 socket. Effects are observed, not assumed: after a refused remove the object still exists;
-after a refused read a non-forced remove succeeds (no lease was granted).
+after a refused read a non-forced remove succeeds (no lease was granted). The last part checks
+that every client of mooncaked/client/ refuses a value over the announced `max_payload_bytes`
+before sending it, with the connection kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import struct
@@ -25,7 +28,10 @@ import pytest
 import wire_helpers
 from cluster_harness import Cluster
 from conftest import REPO, DaemonProcess
-from mooncaked.errors import ErrorCode
+from mooncaked import BlockingClient, Client
+from mooncaked.client.pool import ClientPool
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.mooncake_store import MooncakeDistributedStore
 
 IO_TIMEOUT_S = 10.0  # a bound on waiting for the daemon, never an assertion
 PROTOCOL_PATH = os.path.join(REPO, "wire", "PROTOCOL.md")
@@ -517,3 +523,82 @@ def _table_row(method: str) -> str:
         if line.startswith(f"| `{method}` |"):
             return line
     raise AssertionError(f"no table row for {method}")
+
+
+# -- a value over max_payload_bytes: every client refuses it before sending ---------------------
+
+def _too_big() -> bytes:
+    return b"x" * (MAX_PAYLOAD_BYTES + 1)
+
+
+def _assert_refused_for_size(exc: MooncakedError) -> None:
+    assert exc.code == ErrorCode.INVALID_PARAMS, exc
+    assert "max_payload_bytes" in exc.message and str(MAX_PAYLOAD_BYTES) in exc.message
+
+
+@pytest.mark.parametrize("address_kind", ["tcp", "unix-socket-only"])
+def test_blocking_client_refuses_a_value_over_max_payload_bytes(shared, address_kind):
+    address = shared.tcp_address if address_kind == "tcp" else shared.unix_address
+    with BlockingClient.connect(address, namespace=f"too-big-{address_kind}",
+                                map_segments=False) as client:
+        assert client.server["max_payload_bytes"] == MAX_PAYLOAD_BYTES
+        for attempt in (lambda: client.put("big", _too_big()),
+                        lambda: client.upsert("big", _too_big()),
+                        lambda: client.batch_put(["a", "b"], [_too_big()[:MAX_PAYLOAD_BYTES],
+                                                              b"y"])):
+            with pytest.raises(MooncakedError) as info:
+                attempt()
+            _assert_refused_for_size(info.value)
+            assert not client.closed
+            assert client.ping() == "pong"
+        assert client.exists("big") is False and client.batch_exists(["a", "b"]) == [False] * 2
+        at_limit = os.urandom(MAX_PAYLOAD_BYTES)
+        assert client.put("big", at_limit) is True
+        assert client.get("big") == at_limit
+
+
+def test_blocking_client_refuses_a_header_over_max_header_bytes(shared):
+    keys = [f"{i}" + "k" * (MAX_KEY_BYTES - 1) for i in range(MAX_BATCH_KEYS)]
+    with BlockingClient.connect(shared.tcp_address, namespace="too-big-header") as client:
+        assert client.server["max_header_bytes"] == MAX_HEADER_BYTES
+        with pytest.raises(MooncakedError) as info:
+            client.batch_exists(keys)
+        assert info.value.code == ErrorCode.INVALID_PARAMS
+        assert "max_header_bytes" in info.value.message
+        assert not client.closed and client.ping() == "pong"
+        assert client.batch_exists(keys[:2]) == [False, False]
+
+
+def test_client_pool_refuses_a_value_over_max_payload_bytes(shared):
+    with ClientPool.connect(shared.tcp_address, namespace="too-big-pool") as pool:
+        with pytest.raises(MooncakedError) as info:
+            pool.put("big", _too_big())
+        _assert_refused_for_size(info.value)
+        assert pool.reconnects == 0  # the connection was kept
+        assert pool.ping() == "pong" and pool.exists("big") is False
+
+
+def test_asyncio_client_refuses_a_value_over_max_payload_bytes(shared):
+    async def scenario():
+        async with await Client.connect(shared.tcp_address, namespace="too-big-aio") as client:
+            for attempt in (lambda: client.put("big", _too_big()),
+                            lambda: client.batch_put(["a"], [_too_big()])):
+                with pytest.raises(MooncakedError) as info:
+                    await attempt()
+                _assert_refused_for_size(info.value)
+            assert await client.ping() == "pong"
+            assert await client.exists("big") is False
+    asyncio.run(scenario())
+
+
+def test_mooncake_facade_refuses_a_value_over_max_payload_bytes(shared):
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 4 * MAX_PAYLOAD_BYTES, "tcp", "",
+                       shared.tcp_address) == 0
+    try:
+        assert store.put("big", _too_big()) == ErrorCode.INVALID_PARAMS
+        assert store.put_batch(["a", "b"], [_too_big(), b"y"]) == ErrorCode.INVALID_PARAMS
+        assert store.is_exist("big") == 0
+        assert store.put("small", b"value") == 0 and store.get("small") == b"value"
+    finally:
+        store.close()
