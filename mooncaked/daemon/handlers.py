@@ -62,7 +62,7 @@ def _key(conn, value: Any) -> tuple[str, str]:
     limit = conn.daemon.max_key_bytes
     # UTF-8 takes 1 to 4 bytes a character: encode only when the length alone cannot decide.
     if len(value) > limit or (4 * len(value) > limit and len(value.encode()) > limit):
-        raise _invalid(f"a key must be at most {conn.daemon.max_key_bytes} bytes")
+        raise _invalid(f"a key must be at most {limit} UTF-8 bytes")
     return (conn.namespace, value)
 
 
@@ -134,7 +134,7 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
                              f"the client asked for {options.get('protocol')!r}")
     namespace = options.get("namespace", "default")
     if type(namespace) is not str or not NAMESPACE_PATTERN.fullmatch(namespace):
-        raise _invalid("namespace must be 1-255 characters of [A-Za-z0-9._:/-]")
+        raise _invalid("namespace must be 1-255 bytes, each of [A-Za-z0-9._:/-]")
     client_name = options.get("client_name", "")
     if type(client_name) is not str:
         raise _invalid("client_name must be a str")
