@@ -263,6 +263,7 @@ class FakeDaemon:
         self.aborted: list = []
         self.closed = 0
         self.handlers = {"hello": self.hello, "note": self.note, "sink": self.sink}
+        self.payload_methods = frozenset({"sink"})
 
     def next_connection_id(self) -> int:
         return 1

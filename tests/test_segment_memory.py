@@ -84,8 +84,12 @@ def test_stale_files_of_dead_daemons_are_removed(tmp_path):
     mine.write_bytes(b"x")
     other = tmp_path / "unrelated"
     other.write_bytes(b"x")
+    # Only the whole name counts: a name with one more character is another file.
+    lookalike = tmp_path / f"mooncaked-{dead_pid}-seg0\n"
+    lookalike.write_bytes(b"x")
     assert remove_stale_files(str(tmp_path)) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name,
+                                                                 lookalike.name])
 
 
 @needs_numa

@@ -42,12 +42,14 @@ class _ClientProtocol(asyncio.Protocol):
             if not future.done():
                 future.set_exception(self._lost)
 
-    def send(self, msgid: int, call: Call) -> asyncio.Future:
+    def send(self, msgid: int, call: Call, server: dict) -> asyncio.Future:
+        """Send a request; `server` is the hello result, whose frame bounds it must keep."""
         if self._lost is not None:
             raise self._lost
-        future = asyncio.get_running_loop().create_future()
         payload_length = sum(memoryview(p).nbytes for p in call.payload)
         head = framing.request_head(msgid, call.method, call.params, payload_length)
+        calls.check_frame_bounds(server, len(head) - framing.PREFIX_BYTES, payload_length)
+        future = asyncio.get_running_loop().create_future()
         if payload_length <= 64 * 1024:
             self.transport.write(b"".join((head, *call.payload)) if call.payload else head)
         else:
@@ -159,7 +161,7 @@ class Client:
 
     def _run(self, call: Call) -> asyncio.Future:
         self._msgid = (self._msgid + 1) & framing.U32_MAX
-        return self._protocol.send(self._msgid, call)
+        return self._protocol.send(self._msgid, call, self.server)
 
     @property
     def lease_ttl_ms(self) -> int:

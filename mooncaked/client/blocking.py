@@ -142,9 +142,11 @@ class BlockingClient(BlockingCalls):
     def _run(self, call: Call):
         if self._sock is None:
             raise MooncakedError(ErrorCode.RPC_FAIL, "the client is closed")
-        self._msgid = (self._msgid + 1) & framing.U32_MAX
         payload_length = sum(memoryview(p).nbytes for p in call.payload)
-        head = framing.request_head(self._msgid, call.method, call.params, payload_length)
+        head = framing.request_head((self._msgid + 1) & framing.U32_MAX, call.method,
+                                    call.params, payload_length)
+        calls.check_frame_bounds(self.server, len(head) - framing.PREFIX_BYTES, payload_length)
+        self._msgid = (self._msgid + 1) & framing.U32_MAX
         try:
             self._send(head, call.payload, payload_length)
             return self._receive(call)

@@ -57,6 +57,22 @@ class Call:
     receive_into: Any = None
 
 
+def check_frame_bounds(server: dict, header_bytes: int, payload_length: int) -> None:
+    """Refuse a request over the frame bounds the daemon announced in `hello` before any of
+    it is sent: the daemon would close the connection on it. INVALID_PARAMS, and the
+    connection stays usable. `server` is the hello result ({} before hello: no check)."""
+    max_payload = server.get("max_payload_bytes")
+    if max_payload is not None and payload_length > max_payload:
+        raise error_for(ErrorCode.INVALID_PARAMS,
+                        f"the values of this request are {payload_length} bytes, over the "
+                        f"daemon's max_payload_bytes ({max_payload}); nothing was sent")
+    max_header = server.get("max_header_bytes")
+    if max_header is not None and header_bytes > max_header:
+        raise error_for(ErrorCode.INVALID_PARAMS,
+                        f"this request's header packs to {header_bytes} bytes, over the "
+                        f"daemon's max_header_bytes ({max_header}); nothing was sent")
+
+
 def hello(namespace: str, client_name: str) -> Call:
     return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name}])
 

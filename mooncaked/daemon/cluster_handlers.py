@@ -326,3 +326,4 @@ for _name in ("put_start", "put_end", "put_revoke", "batch_put_start", "batch_pu
     _OVERRIDES[_name] = _no_shared_memory
 
 HANDLERS = {**single.HANDLERS, **_OVERRIDES}
+PAYLOAD_METHODS = single.PAYLOAD_METHODS

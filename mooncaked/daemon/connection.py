@@ -163,11 +163,14 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         started_ns = time.perf_counter_ns()
         daemon = self.daemon
         try:
+            if self.namespace is None and method != "hello":
+                raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
             handler = daemon.handlers.get(method)
             if handler is None:
                 raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no method {method!r}")
-            if self.namespace is None and method != "hello":
-                raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
+            if payload_length and method not in daemon.payload_methods:
+                # Refused before the handler runs, so the request has no effect at all.
+                raise MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
             outcome = handler(self, params, payload_length)
         except MooncakedError as exc:
             outcome = exc
@@ -177,22 +180,22 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         if type(outcome) is Incoming:
             self._begin_payload(msgid, method, outcome, payload_length, started_ns)
             return
-        if inspect.iscoroutine(outcome):
-            if payload_length:
-                outcome.close()
-                outcome = MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
-            else:
-                self._await(msgid, method, outcome, started_ns)
-                return
-        if payload_length and not isinstance(outcome, MooncakedError):
-            outcome = MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
-        if payload_length:  # drop the payload the request carried, then answer
+        if payload_length:  # refused: drop the payload the request carried, then answer
+            if not isinstance(outcome, MooncakedError):  # a bug: the payload was not taken
+                if inspect.iscoroutine(outcome):
+                    outcome.close()
+                log.error("handler %s answered without taking its payload", method)
+                outcome = MooncakedError(ErrorCode.INTERNAL_ERROR,
+                                         f"{method} did not take its payload")
             error = outcome
 
             def fail() -> Reply:
                 raise error
             self._begin_payload(msgid, method, Incoming([payload_length], fail), payload_length,
                                 started_ns)
+            return
+        if inspect.iscoroutine(outcome):
+            self._await(msgid, method, outcome, started_ns)
             return
         self._respond(msgid, method, outcome, started_ns)
 

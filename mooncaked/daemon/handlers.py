@@ -16,9 +16,13 @@ from mooncaked.meta.commands import RESERVED_NAMESPACE
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.proto import framing
 
-NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,255}$")
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/-]{1,255}")  # the whole name: fullmatch
 ALL_NAMESPACES = "*"
 DEFAULT_LIST_LIMIT = 1000
+
+# The methods whose request carries a payload. The connection refuses a payload sent to any
+# other method before its handler runs (daemon/connection.py), so the refusal has no effect.
+PAYLOAD_METHODS = frozenset({"put", "upsert", "batch_put"})
 
 _TRUE = Reply(True)
 _FALSE = Reply(False)
@@ -55,9 +59,10 @@ def _int(value: Any, name: str, minimum: int = 0) -> int:
 def _key(conn, value: Any) -> tuple[str, str]:
     if type(value) is not str or not value:
         raise _invalid("a key must be a non-empty str")
-    if len(value) > conn.daemon.max_key_bytes and \
-            len(value.encode()) > conn.daemon.max_key_bytes:
-        raise _invalid(f"a key must be at most {conn.daemon.max_key_bytes} bytes")
+    limit = conn.daemon.max_key_bytes
+    # UTF-8 takes 1 to 4 bytes a character: encode only when the length alone cannot decide.
+    if len(value) > limit or (4 * len(value) > limit and len(value.encode()) > limit):
+        raise _invalid(f"a key must be at most {limit} UTF-8 bytes")
     return (conn.namespace, value)
 
 
@@ -112,6 +117,10 @@ def _replicate_config(conn, value: Any) -> ReplicateConfig:
 # -- handshake ----------------------------------------------------------------------------------
 
 def handle_hello(conn, params: list, payload_length: int) -> Reply:
+    if conn.namespace is not None:
+        raise MooncakedError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS,
+                             f"hello was already sent on this connection (namespace "
+                             f"{conn.namespace!r}); open a new connection for another")
     _arity(params, 1, 1, "[options]")
     options = params[0]
     if type(options) is not dict:
@@ -124,8 +133,8 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
                              f"this daemon speaks protocol {framing.PROTOCOL_VERSION}, "
                              f"the client asked for {options.get('protocol')!r}")
     namespace = options.get("namespace", "default")
-    if type(namespace) is not str or not NAMESPACE_PATTERN.match(namespace):
-        raise _invalid("namespace must be 1-255 characters of [A-Za-z0-9._:/-]")
+    if type(namespace) is not str or not NAMESPACE_PATTERN.fullmatch(namespace):
+        raise _invalid("namespace must be 1-255 bytes, each of [A-Za-z0-9._:/-]")
     client_name = options.get("client_name", "")
     if type(client_name) is not str:
         raise _invalid("client_name must be a str")
@@ -141,6 +150,7 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
         "max_header_bytes": daemon.max_header_bytes,
         "max_payload_bytes": daemon.max_payload_bytes,
         "max_key_bytes": daemon.max_key_bytes,
+        "max_batch_keys": daemon.max_batch_keys,
         "lease_ttl_ms": daemon.config.store.lease_ttl_ms,
         "segments": daemon.segment_descriptions() if conn.transport_kind == "unix" else [],
         "max_reserved_bytes": daemon.max_reserved_bytes(conn),
@@ -149,6 +159,7 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
 
 
 def handle_ping(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
     return Reply("pong")
 
 
@@ -368,12 +379,14 @@ def handle_put_start(conn, params: list, payload_length: int) -> Reply:
 
 
 def handle_put_end(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
     _arity(params, 1, 1, "[key]")
     _end_shared_put(conn, _key(conn, params[0]))
     return _ZERO
 
 
 def handle_put_revoke(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
     _arity(params, 1, 1, "[key]")
     _revoke_shared_put(conn, _key(conn, params[0]))
     return _ZERO
@@ -401,12 +414,14 @@ def handle_batch_put_start(conn, params: list, payload_length: int) -> Reply:
 
 
 def handle_batch_put_end(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
     _arity(params, 1, 1, "[keys]")
     return Reply(_per_key(lambda key: _end_shared_put(conn, key) or 0,
                           _keys(conn, params[0])))
 
 
 def handle_batch_put_revoke(conn, params: list, payload_length: int) -> Reply:
+    _require_unix(conn)
     _arity(params, 1, 1, "[keys]")
     return Reply(_per_key(lambda key: _revoke_shared_put(conn, key) or 0,
                           _keys(conn, params[0])))

@@ -58,6 +58,7 @@ class Daemon:
         self.max_batch_keys = server.max_batch_keys
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
+        self.payload_methods = handlers.PAYLOAD_METHODS  # see Connection._dispatch
         self.stats = Stats()
         self.connections: set[Connection] = set()
         self.draining = False
@@ -128,6 +129,7 @@ class Daemon:
             from mooncaked.cluster.service import ClusterService
             from mooncaked.daemon import cluster_handlers
             self.handlers = cluster_handlers.HANDLERS
+            self.payload_methods = cluster_handlers.PAYLOAD_METHODS
             self.cluster = ClusterService(self, self.join_address)
             await self.cluster.start()
         metrics = self.config.metrics

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in, writable, in one call
 SHMEM_THP_CONTROL = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
-_FILE_NAME = re.compile(r"^mooncaked-(\d+)-seg(\d+)$")
+_FILE_NAME = re.compile(r"mooncaked-([0-9]+)-seg([0-9]+)")  # matched in full (fullmatch)
 
 
 def segment_file_name(pid: int, segment_id: int) -> str:
@@ -39,7 +39,7 @@ def remove_stale_files(shm_dir: str) -> int:
     except OSError:
         return 0
     for name in names:
-        match = _FILE_NAME.match(name)
+        match = _FILE_NAME.fullmatch(name)
         if match is None:
             continue
         pid = int(match.group(1))

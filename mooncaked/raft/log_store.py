@@ -63,7 +63,7 @@ _CRC_SEED = {kind: zlib.crc32(bytes([kind])) for kind in (REC_ENTRY, REC_HARD_ST
 # A type byte a record header could carry; the resync scan looks for these (see _valid_record_after).
 _TYPE_BYTES = re.compile(rb"[\x01\x02]")
 
-_SEGMENT_NAME = re.compile(r"^log-(\d{16})\.wal$")
+_SEGMENT_NAME = re.compile(r"log-([0-9]{16})\.wal")  # matched in full (fullmatch)
 SNAPSHOT_NAME = "snapshot.bin"
 SNAPSHOT_TMP_NAME = "snapshot.bin.tmp"
 _SNAPSHOT_MAGIC = b"MCSN"
@@ -261,7 +261,7 @@ class LogStore:
     def _list_segments(self) -> list[_Segment]:
         segments = []
         for name in os.listdir(self._directory):
-            match = _SEGMENT_NAME.match(name)
+            match = _SEGMENT_NAME.fullmatch(name)
             if match:
                 segments.append(_Segment(os.path.join(self._directory, name), int(match[1])))
         segments.sort(key=lambda segment: segment.first_seq)

@@ -564,3 +564,19 @@ def test_random_sequences_match_an_oracle(operations, segment_bytes):
             assert store.segments == len(segment_files(directory))
         store.close()
         check(reopen(directory, **options))
+
+
+def test_only_whole_segment_names_are_segments(tmp_path):
+    store, _ = open_store(tmp_path)
+    store.append([entry(1), entry(2)], None)
+    store.close()
+    (name,) = segment_files(tmp_path)
+    # A stray file whose name is a segment's plus a newline is not read as a segment.
+    with open(os.path.join(tmp_path, name), "rb") as f:
+        data = f.read()
+    with open(os.path.join(tmp_path, name + "\n"), "wb") as f:
+        f.write(data)
+    store, recovered = open_store(tmp_path)
+    assert recovered.entries == [entry(1), entry(2)]
+    assert store.segments == 1
+    store.close()
