@@ -188,9 +188,12 @@ class TLSProtocol(sslproto.SSLProtocol):
     """
 
     def _fatal_error(self, exc, message="Fatal error on transport"):
+        peer = self._transport.get_extra_info("peername") if self._transport else None
         if self._transport:
             self._transport.abort()
-        if isinstance(exc, OSError):  # a failed handshake, a reset: routine, not a bug
+        if isinstance(exc, ssl.SSLError):  # a refused handshake: worth a line in the log
+            log.info("TLS connection with %s closed: %s: %s", peer, message, exc)
+        elif isinstance(exc, OSError):  # a reset: routine, not a bug
             log.debug("TLS connection: %s: %s", message, exc)
         elif not isinstance(exc, asyncio.CancelledError):
             self._loop.call_exception_handler({"message": message, "exception": exc,
