@@ -97,6 +97,13 @@ def _load_ca(context: ssl.SSLContext, what: str, ca_file: str) -> None:
                             f"{exc.reason or exc}") from None
 
 
+def _harden(context: ssl.SSLContext) -> None:
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No TLS 1.2 renegotiation: with it, a write could wait for the peer and keep a view of
+    # segment memory queued; without it every write is encrypted at once (see TLSProtocol).
+    context.options |= ssl.OP_NO_RENEGOTIATION
+
+
 def check_config(tls) -> None:
     """Every file [tls] names, checked as start-up uses them (raises TLSSetupError)."""
     server_context(tls)
@@ -109,7 +116,7 @@ def server_context(tls) -> ssl.SSLContext:
     check_readable("[tls] cert_file", tls.cert_file)
     check_private("[tls] key_file", tls.key_file)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _harden(context)
     _load_chain(context, tls.cert_file, tls.key_file)
     if tls.require_client_cert:
         _load_ca(context, "[tls] ca_file", tls.ca_file)
@@ -127,7 +134,7 @@ def peer_contexts(tls) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     for context in (server, client):
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        _harden(context)
         _load_chain(context, tls.cert_file, tls.key_file)
         _load_ca(context, "[tls] ca_file", tls.ca_file)
         context.verify_mode = ssl.CERT_REQUIRED

@@ -148,6 +148,15 @@ def test_clients_take_tls_settings_from_the_environment(make_daemon, pki, monkey
         assert pool.put("env", b"x" * SMALL) is True and pool.get("env") == b"x" * SMALL
     finally:
         pool.close()
+    # The settings apply to TCP only: a Unix socket client does not even read the files.
+    monkeypatch.setenv(tls.ENV_CA, pki.ca + ".missing")
+    with pytest.raises(FileNotFoundError):
+        ClientPool.connect(daemon.tcp_address)
+    pool = ClientPool.connect(daemon.unix_address)
+    try:
+        assert pool.get("env") == b"x" * SMALL
+    finally:
+        pool.close()
 
 
 def ctl(*args, env=None) -> subprocess.CompletedProcess:

@@ -13,8 +13,7 @@ import select
 import socket
 import ssl
 
-from mooncaked import tls
-from mooncaked.tls import resolve_client_context
+from mooncaked.tls import resolve_client_context, server_name
 from mooncaked.client import calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.calls import Call
@@ -41,10 +40,11 @@ def parse_address(address: str) -> tuple[str, object]:
 
 
 def open_socket(address: str, timeout_s: float | None,
-                tls_context: ssl.SSLContext | None = None) -> tuple[socket.socket, str]:
-    """A connected socket; over TCP with `tls_context`, a TLS socket whose handshake is done
-    (the daemon's certificate verified as the context says). TLS does not apply to unix:."""
+                tls_setting: ssl.SSLContext | bool | None = False) -> tuple[socket.socket, str]:
+    """A connected socket; over TCP with TLS (`tls_setting` as BlockingClient.connect takes
+    it), a TLS socket whose handshake is done. TLS does not apply to unix:."""
     kind, target = parse_address(address)
+    tls_context = resolve_client_context(tls_setting) if kind == "tcp" else None
     if kind == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     else:
@@ -55,7 +55,7 @@ def open_socket(address: str, timeout_s: float | None,
     try:
         sock.connect(target)
         if kind == "tcp" and tls_context is not None:
-            sock = tls_context.wrap_socket(sock, server_hostname=tls.server_name(target[0]))
+            sock = tls_context.wrap_socket(sock, server_hostname=server_name(target[0]))
     except BaseException:
         sock.close()
         raise
@@ -89,7 +89,7 @@ class BlockingClient(BlockingCalls):
                 ) -> "BlockingClient":
         """`tls`: an SSLContext for TCP (mooncaked.tls.client_context builds one), False for
         plain TCP, None for $MOONCAKED_TLS_CA and friends (plain when unset)."""
-        sock, kind = open_socket(address, timeout_s, resolve_client_context(tls))
+        sock, kind = open_socket(address, timeout_s, tls)
         client = cls(sock, kind)
         try:
             client.server = client._run(calls.hello(namespace, client_name))

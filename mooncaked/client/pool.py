@@ -24,7 +24,7 @@ from typing import Callable
 
 from mooncaked.client import calls, operations
 from mooncaked.client.api import BlockingCalls
-from mooncaked.client.blocking import BlockingClient
+from mooncaked.client.blocking import BlockingClient, parse_address
 from mooncaked.client.calls import Call
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -46,7 +46,8 @@ class ClientPool(BlockingCalls):
         self.max_connections = max_connections
         self._map_segments = map_segments
         # Resolved once (an SSLContext, or False: plain), so every connection is alike.
-        self._tls = resolve_client_context(tls) or False
+        self._tls = (resolve_client_context(tls) or False) if parse_address(address)[0] == "tcp" \
+            else False
         self._lock = threading.Condition()
         self._idle: list[BlockingClient] = []
         self._open_count = 0  # idle and borrowed connections

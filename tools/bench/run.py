@@ -65,8 +65,8 @@ import tls_cost  # noqa: E402
 from common import proc_cpu_s  # noqa: E402
 from procs import MOONCAKED_SRC, PROCS, Noise, Worker, placements, run_one  # noqa: E402
 from servers import (LOG_LEVEL, MOONCAKE_MEMCPY_LINE, MOONCAKE_MEMCPY_ON, apart,  # noqa: E402
-                     daemon_knows, mooncake_transfer_mode, start_mooncake_client, start_mooncake_master,
-                     start_mooncaked, start_redis)
+                     daemon_knows, mooncake_transfer_mode, start_mooncake_client,
+                     start_mooncake_master, start_mooncaked, start_redis)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 # Mooncake's client advertises this address for its transfer-engine RPC instead of the first
