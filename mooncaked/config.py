@@ -147,6 +147,23 @@ class ClusterConfig:
     data_connections: int = _key(4, 1, 64, doc="connections per peer for replica bytes")
     stripe_bytes: int = _key(4 * MIB, 4096, GIB, unit="bytes",
                              doc="values larger than this go over several data connections")
+    secret_file: str = _key("", doc="file holding the cluster secret (owner-only, 16+ bytes): "
+                            "peers prove they know it in the peer handshake; empty = none")
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    enabled: bool = _key(False, doc="TLS on the TCP listener and, in a cluster, mutual TLS on "
+                         "the peer links; the Unix socket stays plain")
+    cert_file: str = _key("", doc="this node's certificate (PEM, chain after it)")
+    key_file: str = _key("", doc="its private key (PEM), readable by the daemon's user alone")
+    ca_file: str = _key("", doc="CA certificates (PEM) that client certificates, and in a "
+                        "cluster the other nodes' certificates, must be signed by")
+    require_client_cert: bool = _key(False, doc="refuse TCP clients without a certificate "
+                                     "signed by ca_file")
+    handshake_timeout_ms: int = _key(10_000, 1, 600_000, unit="ms",
+                                     doc="a TLS handshake not done in this time closes the "
+                                     "connection")
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,7 @@ class Config:
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     source: str = ""
@@ -305,6 +323,30 @@ def _check_relations(config: Config, path: str) -> None:
                               f"{cluster.node_id}")
         if cluster.heartbeat_ticks >= cluster.election_ticks:
             raise ConfigError(f"{path}: [cluster] heartbeat_ticks must be below election_ticks")
+    _check_tls(config, path)
+
+
+def _check_tls(config: Config, path: str) -> None:
+    """The files [tls] and [cluster] secret_file name: present, readable, keys private, and
+    usable (a certificate and its key, CA certificates)."""
+    from mooncaked import tls as tls_module
+    tls, cluster = config.tls, config.cluster
+    try:
+        if cluster.secret_file:
+            tls_module.read_secret(cluster.secret_file)
+        if not tls.enabled:
+            return
+        if not tls.cert_file or not tls.key_file:
+            raise ConfigError(f"{path}: [tls] enabled needs cert_file and key_file")
+        if tls.require_client_cert and not tls.ca_file:
+            raise ConfigError(f"{path}: [tls] require_client_cert needs ca_file (the CA that "
+                              "signs client certificates)")
+        if cluster.enabled and not tls.ca_file:
+            raise ConfigError(f"{path}: [tls] in a cluster needs ca_file (the CA that signs "
+                              "every node's certificate: peer links use mutual TLS)")
+        tls_module.check_config(tls)
+    except tls_module.TLSSetupError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def parse_members(text: str) -> dict[int, str]:

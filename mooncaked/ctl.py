@@ -4,7 +4,8 @@ This file owns the CLI: its options, its commands, its two output formats and it
 It talks to the daemon only through `BlockingClient` and the administration methods of
 wire/PROTOCOL.md section 5.3.
 
-    mooncakectl [-a ADDRESS] [-n NAMESPACE] [-o table|json] COMMAND
+    mooncakectl [-a ADDRESS] [-n NAMESPACE] [-o table|json] [--tls-ca FILE
+                [--tls-cert FILE --tls-key FILE]] COMMAND
 
     status                       the daemon's state
     segments                     each segment's size and usage
@@ -23,7 +24,9 @@ wire/PROTOCOL.md section 5.3.
 `unix:/run/mooncaked/mooncaked.sock`). `-n/--namespace` is the namespace the connection is
 bound to (default `default`): `objects stat` and `objects rm` act on its keys. `objects ls`
 lists every namespace (a NAMESPACE column says which) unless `objects ls --namespace NS`, or an
-explicit `-n NS`, restricts it to one. `--version` prints the package version.
+explicit `-n NS`, restricts it to one. `--version` prints the package version. `--tls-ca FILE`
+(or $MOONCAKED_TLS_CA) speaks TLS to a HOST:PORT address, verifying the daemon's certificate
+against FILE and its host name; `--tls-cert`/`--tls-key` present a client certificate.
 
 Output. `-o table` (the default) prints aligned columns under a header row, sizes in human
 units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema is stable:
@@ -57,11 +60,12 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import ssl
 from typing import Any, Iterator
 
 import click
 
-from mooncaked import __version__
+from mooncaked import __version__, tls
 from mooncaked.client.blocking import BlockingClient, parse_address
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
 
@@ -88,6 +92,7 @@ class Settings:
         self.namespace = namespace
         self.output = output
         self.namespace_given = namespace_given  # -n on the command line, not the default
+        self.tls_files: tuple[str | None, str | None, str | None] = (None, None, None)
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -168,7 +173,8 @@ def connected(settings: Settings) -> Iterator[BlockingClient]:
     """A client bound to the settings' namespace, closed on the way out; errors become CtlError."""
     try:
         client = BlockingClient.connect(settings.address, namespace=settings.namespace,
-                                        client_name=CLIENT_NAME, map_segments=False)
+                                        client_name=CLIENT_NAME, map_segments=False,
+                                        tls=_tls_context(settings))
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise CtlError(f"cannot connect to {settings.address}: {reason}") from None
@@ -183,6 +189,19 @@ def connected(settings: Settings) -> Iterator[BlockingClient]:
                        f"{exc.strerror or exc}") from None
     finally:
         client.close()
+
+
+def _tls_context(settings: Settings):
+    """The --tls-* files as a client context; False (plain TCP) without --tls-ca."""
+    ca_file, cert_file, key_file = settings.tls_files
+    if not ca_file:
+        if cert_file or key_file:
+            raise CtlError("--tls-cert and --tls-key need --tls-ca")
+        return False
+    try:
+        return tls.client_context(ca_file, cert_file, key_file)
+    except (tls.TLSSetupError, OSError, ssl.SSLError) as exc:
+        raise CtlError(f"TLS settings: {exc}") from None
 
 
 def _daemon_error(exc: MooncakedError) -> str:
@@ -209,12 +228,21 @@ def _check_address(ctx: click.Context, param: click.Parameter, value: str) -> st
               help="Namespace of the connection; objects commands see its keys.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format; json has a stable schema.")
+@click.option("--tls-ca", envvar=tls.ENV_CA, default=None, metavar="FILE",
+              help=f"Speak TLS over TCP, trusting this CA file (env {tls.ENV_CA}); the "
+              "daemon's certificate and host name are verified.")
+@click.option("--tls-cert", envvar=tls.ENV_CERT, default=None, metavar="FILE",
+              help=f"Client certificate, for a daemon that requires one (env {tls.ENV_CERT}).")
+@click.option("--tls-key", envvar=tls.ENV_KEY, default=None, metavar="FILE",
+              help=f"The client certificate's key (env {tls.ENV_KEY}).")
 @click.pass_context
-def cli(ctx: click.Context, address: str, namespace: str, output: str) -> None:
+def cli(ctx: click.Context, address: str, namespace: str, output: str, tls_ca: str | None,
+        tls_cert: str | None, tls_key: str | None) -> None:
     """Inspect and administer a running mooncaked."""
     # No connection here: click runs this before it checks the subcommand's own arguments.
     given = ctx.get_parameter_source("namespace") is not click.core.ParameterSource.DEFAULT
     ctx.obj = Settings(address, namespace, output, given)
+    ctx.obj.tls_files = (tls_ca, tls_cert, tls_key)
 
 
 @cli.command()

@@ -40,6 +40,7 @@ packages=(
     libmsgpack-dev                         # the C client used by the wire tests
     systemd                                # systemd-analyze, to check the unit file
     nftables                               # nft, for the partitions of the cluster fault tests
+    openssl                                # makes the certificates of the TLS tests and bench
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -16,6 +16,7 @@ import collections
 import socket
 from typing import Sequence
 
+from mooncaked import tls as tls_module
 from mooncaked.client import calls, operations
 from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
@@ -23,6 +24,7 @@ from mooncaked.client.reservations import ReservationStock
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
+from mooncaked.tls import resolve_client_context
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -121,11 +123,19 @@ class Client:
 
     @classmethod
     async def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
-                      client_name: str = "", map_segments: bool = True) -> "Client":
+                      client_name: str = "", map_segments: bool = True,
+                      tls=None) -> "Client":
+        """`tls` as BlockingClient.connect takes it; TLS runs on any event loop."""
         loop = asyncio.get_running_loop()
         kind, target = parse_address(address)
+        tls_context = resolve_client_context(tls) if kind == "tcp" else None
         if kind == "unix":
             _, protocol = await loop.create_unix_connection(_ClientProtocol, target)
+        elif tls_context is not None:
+            # Both loops set TCP_NODELAY on TCP transports.
+            _, protocol = await tls_module.open_connection(
+                loop, _ClientProtocol, target[0], target[1], tls_context,
+                tls_module.server_name(target[0]))
         else:
             transport, protocol = await loop.create_connection(_ClientProtocol, *target)
             transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import ctypes
 import select
 import socket
+import ssl
 
+from mooncaked.tls import resolve_client_context, server_name
 from mooncaked.client import calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.calls import Call
@@ -37,8 +39,12 @@ def parse_address(address: str) -> tuple[str, object]:
     return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
 
 
-def open_socket(address: str, timeout_s: float | None) -> tuple[socket.socket, str]:
+def open_socket(address: str, timeout_s: float | None,
+                tls_setting: ssl.SSLContext | bool | None = False) -> tuple[socket.socket, str]:
+    """A connected socket; over TCP with TLS (`tls_setting` as BlockingClient.connect takes
+    it), a TLS socket whose handshake is done. TLS does not apply to unix:."""
     kind, target = parse_address(address)
+    tls_context = resolve_client_context(tls_setting) if kind == "tcp" else None
     if kind == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     else:
@@ -48,6 +54,8 @@ def open_socket(address: str, timeout_s: float | None) -> tuple[socket.socket, s
     sock.settimeout(timeout_s)
     try:
         sock.connect(target)
+        if kind == "tcp" and tls_context is not None:
+            sock = tls_context.wrap_socket(sock, server_hostname=server_name(target[0]))
     except BaseException:
         sock.close()
         raise
@@ -77,8 +85,11 @@ class BlockingClient(BlockingCalls):
     @classmethod
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
-                map_segments: bool = True) -> "BlockingClient":
-        sock, kind = open_socket(address, timeout_s)
+                map_segments: bool = True, tls: ssl.SSLContext | bool | None = None
+                ) -> "BlockingClient":
+        """`tls`: an SSLContext for TCP (mooncaked.tls.client_context builds one), False for
+        plain TCP, None for $MOONCAKED_TLS_CA and friends (plain when unset)."""
+        sock, kind = open_socket(address, timeout_s, tls)
         client = cls(sock, kind)
         try:
             client.server = client._run(calls.hello(namespace, client_name))
@@ -113,10 +124,28 @@ class BlockingClient(BlockingCalls):
         poller.register(self._sock, select.POLLIN)
         if not poller.poll(0):
             return False
+        if isinstance(self._sock, ssl.SSLSocket):
+            return self._tls_peer_closed()
         try:
             return self._sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
+
+    def _tls_peer_closed(self) -> bool:
+        """TLS has no MSG_PEEK, and a readable socket may hold only TLS records (session
+        tickets): read what is there without waiting; bytes read stay buffered."""
+        sock, timeout = self._sock, self._sock.gettimeout()
+        sock.settimeout(0)
+        try:
+            count = sock.recv_into(self._read_view[self._end:])
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return False
+        except OSError:
+            return True
+        finally:
+            sock.settimeout(timeout)
+        self._end += count
+        return count == 0
 
     def __enter__(self) -> "BlockingClient":
         return self

@@ -24,17 +24,19 @@ from typing import Callable
 
 from mooncaked.client import calls, operations
 from mooncaked.client.api import BlockingCalls
-from mooncaked.client.blocking import BlockingClient
+from mooncaked.client.blocking import BlockingClient, parse_address
 from mooncaked.client.calls import Call
 from mooncaked.client.shared_memory import SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.tls import resolve_client_context
 
 DEFAULT_MAX_CONNECTIONS = 16
 
 
 class ClientPool(BlockingCalls):
     def __init__(self, address: str, namespace: str, client_name: str,
-                 timeout_s: float | None, max_connections: int, map_segments: bool) -> None:
+                 timeout_s: float | None, max_connections: int, map_segments: bool,
+                 tls=None) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self.address = address
@@ -43,6 +45,9 @@ class ClientPool(BlockingCalls):
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self._map_segments = map_segments
+        # Resolved once (an SSLContext, or False: plain), so every connection is alike.
+        self._tls = (resolve_client_context(tls) or False) if parse_address(address)[0] == "tcp" \
+            else False
         self._lock = threading.Condition()
         self._idle: list[BlockingClient] = []
         self._open_count = 0  # idle and borrowed connections
@@ -58,10 +63,12 @@ class ClientPool(BlockingCalls):
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                map_segments: bool = True) -> "ClientPool":
+                map_segments: bool = True, tls=None) -> "ClientPool":
         """Open the first connection now, so that a wrong address or namespace is reported
-        here (OSError, ValueError or MooncakedError) rather than at the first call."""
-        pool = cls(address, namespace, client_name, timeout_s, max_connections, map_segments)
+        here (OSError, ValueError or MooncakedError) rather than at the first call. `tls` as
+        BlockingClient.connect takes it."""
+        pool = cls(address, namespace, client_name, timeout_s, max_connections, map_segments,
+                   tls)
         with pool._lock:
             pool._open_count = 1
         try:
@@ -104,7 +111,8 @@ class ClientPool(BlockingCalls):
         """A new connection (the caller has counted it in _open_count)."""
         connection = BlockingClient.connect(self.address, namespace=self.namespace,
                                             client_name=self.client_name,
-                                            timeout_s=self.timeout_s, map_segments=False)
+                                            timeout_s=self.timeout_s, map_segments=False,
+                                            tls=self._tls)
         try:
             self._share_segments(connection)
         except BaseException:

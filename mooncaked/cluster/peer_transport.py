@@ -4,7 +4,9 @@ Peers speak the client protocol's framing (wire/PROTOCOL.md section 2): requests
 `[0, msgid, method, params]` and responses `[1, msgid, error, result]`, each optionally followed
 by a raw payload, and Raft messages as notifications `[2, "raft", [bytes]]`. The first frame on
 a connection is a `peer_hello` request naming the sender, so a node learns the address of every
-peer that talks to it.
+peer that talks to it. With a cluster secret, the accepting side first sends a challenge and
+the hello carries a proof of the secret (cluster/peer_security.py); with [tls], every link is
+mutual TLS. A connection that fails either is closed before any other frame is read.
 
 A `PeerLink` is one outbound connection to one peer, opened on first use and reopened after a
 failure. Requests on a link are answered in any order (matched by msgid), so slow requests do
@@ -30,6 +32,9 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
+from mooncaked import tls
+from mooncaked.cluster import peer_security
+from mooncaked.cluster.peer_security import PeerSecurity
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.proto import framing
 from mooncaked.proto.scratch import ScratchBuffer
@@ -216,16 +221,35 @@ class _LinkProtocol(_FrameReceiver):
         self.link = link
         # msgid -> (future, into): the calls sent on this connection and not yet answered.
         self.waiting: dict[int, tuple[asyncio.Future, memoryview | None]] = {}
+        # With a cluster secret: resolved once the peer has proven it knows the secret.
+        self.authenticated: asyncio.Future | None = None
+        if link._secret is not None:
+            self.authenticated = asyncio.get_running_loop().create_future()
+        self._client_nonce = b""
+        self._expected_proof = b""
 
     def connection_lost(self, exc) -> None:
+        self._end_handshake(f"node {self.link.peer_id} closed the connection in the peer "
+                            "handshake")
         self.link._drop(self, f"connection to node {self.link.peer_id} lost")
 
     def _frame_error(self, exc: MooncakedError) -> None:
         log.debug("link to node %d: %s", self.link.peer_id, exc.message)
+        self._end_handshake(exc.message)
         self.link._drop(self, f"connection to node {self.link.peer_id} failed: {exc.message}")
+
+    def _end_handshake(self, reason: str) -> None:
+        if self.authenticated is not None and not self.authenticated.done():
+            self.authenticated.set_exception(MooncakedError(ErrorCode.RPC_FAIL, reason))
+            self.authenticated.exception()  # seen: _connect may have stopped waiting
 
     def _on_header(self, header, payload_length: int):
         if header == _HELLO_OK:
+            return None, None
+        if (self.authenticated is not None and type(header) is list and len(header) == 3
+                and header[0] == framing.NOTIFICATION
+                and header[1] in ("peer_challenge", "peer_hello_ok")):
+            self._handshake_step(header[1], header[2])
             return None, None
         msgid, error, result = framing.parse_response(header)
         entry = self.waiting.get(msgid)
@@ -247,14 +271,43 @@ class _LinkProtocol(_FrameReceiver):
         if not waiter.done():
             waiter.set_result(outcome)
 
+    def _handshake_step(self, name: str, params) -> None:
+        """The connecting side of the secret handshake (cluster/peer_security.py)."""
+        link = self.link
+        secret = link._secret
+        if self.authenticated.done():
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR, f"{name} after the handshake")
+        if type(params) is not list or len(params) != 1 or type(params[0]) is not bytes:
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR, f"malformed {name}")
+        if name == "peer_challenge" and not self._client_nonce:
+            server_nonce = params[0]
+            self._client_nonce = peer_security.new_nonce()
+            self._expected_proof = peer_security.server_proof(secret, server_nonce,
+                                                              self._client_nonce)
+            proof = peer_security.client_proof(secret, server_nonce, self._client_nonce,
+                                               link.own_id, link.own_address)
+            self.transport.write(framing.request_head(
+                0, "peer_hello", [link.own_id, link.own_address, self._client_nonce, proof]))
+        elif name == "peer_hello_ok" and self._client_nonce:
+            if not tls.proofs_equal(params[0], self._expected_proof):
+                raise MooncakedError(ErrorCode.PROTOCOL_ERROR,
+                                     f"the node at {link._address()} does not know the "
+                                     "cluster secret")
+            self.authenticated.set_result(None)
+        else:
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR, f"{name} out of order")
+
 
 class PeerLink:
     """One outbound connection to a peer, reconnected on demand."""
 
     def __init__(self, own_id: int, own_address: str, peer_id: int,
                  address: Callable[[], str | None], max_payload_bytes: int,
-                 connect_timeout_s: float, source_host: str | None = None) -> None:
+                 connect_timeout_s: float, source_host: str | None = None,
+                 security: PeerSecurity | None = None) -> None:
         self.own_id = own_id
+        self._security = security
+        self._secret = security.secret if security is not None else None
         # Outbound connections leave from the peer listener's address, so a host with several
         # addresses (or a test partitioning loopback addresses) sees each node as one address.
         self.source_host = source_host
@@ -281,11 +334,26 @@ class PeerLink:
         host, _, port = address.rpartition(":")
         local = (self.source_host, 0) if self.source_host else None
         loop = asyncio.get_running_loop()
+        security = self._security
         # Both loops set TCP_NODELAY on TCP transports.
-        transport, protocol = await asyncio.wait_for(
-            loop.create_connection(lambda: _LinkProtocol(self), host, int(port),
-                                   local_addr=local), self._connect_timeout_s)
-        transport.write(framing.request_head(0, "peer_hello", [self.own_id, self.own_address]))
+        if security is not None and security.client_context is not None:
+            opening = tls.open_connection(loop, lambda: _LinkProtocol(self), host, int(port),
+                                          security.client_context, None,
+                                          security.handshake_timeout_s, local_addr=local)
+        else:
+            opening = loop.create_connection(lambda: _LinkProtocol(self), host, int(port),
+                                             local_addr=local)
+        transport, protocol = await asyncio.wait_for(opening, self._connect_timeout_s)
+        if protocol.authenticated is None:
+            transport.write(framing.request_head(0, "peer_hello",
+                                                 [self.own_id, self.own_address]))
+        else:  # the hello answers the peer's challenge (_handshake_step)
+            try:
+                await asyncio.wait_for(asyncio.shield(protocol.authenticated),
+                                       self._connect_timeout_s)
+            except BaseException:
+                transport.abort()
+                raise
         if self._closed:
             transport.close()
             return
@@ -392,25 +460,38 @@ class _ServerProtocol(_FrameReceiver):
         super().__init__(0)  # no payload before peer_hello
         self.server = server
         self.hello = False
+        self._nonce = b""  # this connection's challenge, with a cluster secret
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server._transports.add(transport)
+        if self.server._secret is not None:
+            self._nonce = peer_security.new_nonce()
+            transport.write(framing.frame_head(
+                [framing.NOTIFICATION, "peer_challenge", [self._nonce]]))
 
     def connection_lost(self, exc) -> None:
         self.server._transports.discard(self.transport)
 
     def _frame_error(self, exc: MooncakedError) -> None:
-        log.info("peer connection closed: %s", exc.message)
+        if self.hello:
+            log.info("peer connection closed: %s", exc.message)
+        else:
+            log.warning("peer connection from %s refused: %s",
+                        self.transport.get_extra_info("peername"), exc.message)
         self.transport.close()
 
     def _on_header(self, header, payload_length: int):
         server = self.server
         if not self.hello:
             msgid, method, params = framing.parse_request(header)
-            if (method != "peer_hello" or len(params) != 2 or type(params[0]) is not int
-                    or type(params[1]) is not str):
-                raise MooncakedError(ErrorCode.PROTOCOL_ERROR, "a peer must say peer_hello")
+            secret = server._secret
+            if (method != "peer_hello" or len(params) != (2 if secret is None else 4)
+                    or type(params[0]) is not int or type(params[1]) is not str):
+                raise MooncakedError(ErrorCode.PROTOCOL_ERROR, "a peer must say peer_hello" + (
+                    "" if secret is None else " with a proof of the cluster secret"))
+            if secret is not None:
+                self._check_proof(secret, params)
             server._on_hello(params[0], params[1])
             self.hello = True
             self._max_payload_bytes = server._max_payload_bytes
@@ -436,6 +517,19 @@ class _ServerProtocol(_FrameReceiver):
         return target, lambda: server._answer_soon(transport, msgid, method, params, payload)
 
 
+    def _check_proof(self, secret: bytes, params: list) -> None:
+        node_id, address, client_nonce, proof = params
+        if (type(client_nonce) is not bytes or len(client_nonce) != peer_security.NONCE_BYTES
+                or type(proof) is not bytes or not tls.proofs_equal(
+                    proof, peer_security.client_proof(secret, self._nonce, client_nonce,
+                                                      node_id, address))):
+            raise MooncakedError(ErrorCode.PROTOCOL_ERROR,
+                                 f"node {node_id} ({address}) does not know the cluster secret")
+        self.transport.write(framing.frame_head([
+            framing.NOTIFICATION, "peer_hello_ok",
+            [peer_security.server_proof(secret, self._nonce, client_nonce)]]))
+
+
 class PeerServer:
     """Accepts peer connections: Raft messages go to `on_raft`, requests to `on_request`.
 
@@ -446,7 +540,10 @@ class PeerServer:
 
     def __init__(self, on_hello: Callable[[int, str], None], on_raft: Callable[[bytes], None],
                  on_request: RequestHandler, max_payload_bytes: int,
-                 payload_target: PayloadTarget | None = None) -> None:
+                 payload_target: PayloadTarget | None = None,
+                 security: PeerSecurity | None = None) -> None:
+        self._security = security
+        self._secret = security.secret if security is not None else None
         self._on_hello = on_hello
         self._on_raft = on_raft
         self._on_request = on_request
@@ -460,8 +557,12 @@ class PeerServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port,
-                                                reuse_address=True)
+        factory = lambda: _ServerProtocol(self)  # noqa: E731
+        security = self._security
+        if security is not None and security.server_context is not None:
+            factory = tls.server_factory(loop, factory, security.server_context,
+                                         security.handshake_timeout_s)
+        self._server = await loop.create_server(factory, host, port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from mooncaked.cluster import meta_requests
 from mooncaked.cluster.master import ReplicatedMaster
+from mooncaked.cluster.peer_security import PeerSecurity
 from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized_bytearray
 from mooncaked.cluster.raft_node import RaftNode
 from mooncaked.config import parse_members
@@ -79,8 +80,10 @@ class ClusterService:
         self.members_config = parse_members(cc.initial_members)
         self.addresses: dict[int, str] = dict(self.members_config)  # node id -> peer host:port
         self.rpc_timeout_s = cc.rpc_timeout_ms / 1000
+        self.security = PeerSecurity.from_config(config)
         self.peer_server = PeerServer(self._on_hello, self._on_raft, self._on_request,
-                                      config.server.max_payload_bytes, self._payload_target)
+                                      config.server.max_payload_bytes, self._payload_target,
+                                      self.security)
         self._control: dict[int, PeerLink] = {}
         self._data: dict[int, list[PeerLink]] = {}
         self._data_turn = 0
@@ -113,6 +116,8 @@ class ClusterService:
         port = await self.peer_server.start(cc.peer_host, cc.peer_port)
         host = cc.advertise_host or cc.peer_host
         self.peer_address = f"{host}:{port}"
+        log.info("peer listener on %s; peers authenticated by %s", self.peer_address,
+                 self.security.describe())
         self.addresses[self.node_id] = self.peer_address
         store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync)
         if self.members_config:
@@ -189,7 +194,7 @@ class ClusterService:
         host = self.cluster_config.peer_host
         return PeerLink(self.node_id, self.peer_address, node_id, self._address_of(node_id),
                         self.daemon.config.server.max_payload_bytes, self.rpc_timeout_s,
-                        None if host in ("0.0.0.0", "::", "") else host)
+                        None if host in ("0.0.0.0", "::", "") else host, self.security)
 
     def control(self, node_id: int) -> PeerLink:
         link = self._control.get(node_id)
@@ -315,7 +320,8 @@ class ClusterService:
     async def _join(self) -> None:
         """Ask the cluster (through any member) to add this node as a learner."""
         link = PeerLink(self.node_id, self.peer_address, 0, lambda: self.join_address,
-                        self.daemon.config.server.max_payload_bytes, self.rpc_timeout_s)
+                        self.daemon.config.server.max_payload_bytes, self.rpc_timeout_s,
+                        security=self.security)
         try:
             for _ in range(60):
                 try:

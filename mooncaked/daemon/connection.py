@@ -3,7 +3,8 @@
 A `BufferedProtocol`, so the kernel copies a request's payload straight into its destination:
 once a put's header is read and its space allocated, `get_buffer` hands out the segment memory
 itself, and the value is never copied in Python. Headers and small frames go through a scratch
-buffer. Responses are written in request order.
+buffer. Responses are written in request order. Over TLS (mooncaked/tls.py) the TLS layer sits
+between: the ciphertext lands in its buffers and is decrypted into what get_buffer hands out.
 
 What a handler returns (daemon/handlers.py):
 - `Reply(result, payload)`: answer at once;

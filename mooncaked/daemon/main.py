@@ -117,7 +117,7 @@ class Daemon:
         self._drained = asyncio.Event()
         self.mount_segments()
         server = self.config.server
-        tcp = await loop.create_server(lambda: Connection(self, "tcp"), server.tcp_host,
+        tcp = await loop.create_server(self._tcp_protocol_factory(loop), server.tcp_host,
                                        server.tcp_port, reuse_address=True)
         for sock in tcp.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -139,11 +139,24 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
         self._schedule_sweep()
-        log.info("mooncaked %s on %s: tcp %s:%d, unix %s, metrics %s, %d segment(s) of %d "
-                 "bytes, loop %s", __version__, self.node_name, server.tcp_host, self.tcp_port,
+        log.info("mooncaked %s on %s: tcp%s %s:%d, unix %s, metrics %s, %d segment(s) of %d "
+                 "bytes, loop %s", __version__, self.node_name,
+                 " (tls)" if self.config.tls.enabled else "", server.tcp_host, self.tcp_port,
                  server.unix_socket or "-", self.metrics_port or "-", len(self.memory),
                  self.config.segments.size_bytes, self.loop_name())
         self._notifier.notify(READY="1", STATUS=self._status_line(), MAINPID=str(self.pid))
+
+    def _tcp_protocol_factory(self, loop):
+        """Connections of the TCP listener; with [tls] enabled, each wrapped in TLS (on either
+        loop, see mooncaked/tls.py)."""
+        def plain() -> Connection:
+            return Connection(self, "tcp")
+        tls_config = self.config.tls
+        if not tls_config.enabled:
+            return plain
+        from mooncaked import tls
+        return tls.server_factory(loop, plain, tls.server_context(tls_config),
+                                  tls_config.handshake_timeout_ms / 1000)
 
     async def _listen_unix(self, loop, path: str) -> asyncio.AbstractServer:
         directory = os.path.dirname(path)

@@ -112,12 +112,14 @@ class Results:
 
 CLUSTER_OPS = ("cl_", "cross_", "failover_", "transfer_")  # op prefixes of the cluster section
 REPLAY_OPS = ("replay_",)
+TLS_OPS = ("tcp_",)  # the TLS section's ops
 
 
 def has_main(res: Results, pl: str) -> bool:
     """Whether the placement has rows of the main sections (not only the cluster section)."""
     return any(r["placement"] == pl and r["system"] != "machine"
-               and not r["op"].startswith(CLUSTER_OPS + REPLAY_OPS) for r in res.rows)
+               and not r["op"].startswith(CLUSTER_OPS + REPLAY_OPS + TLS_OPS)
+               for r in res.rows)
 
 
 def has_cluster(res: Results, pl: str) -> bool:
@@ -311,6 +313,29 @@ def render_replay(res: Results, info: dict) -> str:
 
 def spread(row) -> str:
     return "-" if row is None or row["median"] is None else f"{fmt(row['min'])}-{fmt(row['max'])}"
+
+
+def render_tls(res: Results, pl: str, label: str) -> str:
+    """The TLS section of one placement: TLS / plain ratios of ops/s and server CPU per op."""
+    rows = []
+    sizes = sorted({r["size"] for r in res.rows if r["placement"] == pl
+                    and r["op"] in ("tcp_put", "tcp_get")})
+    lines = [(f"{op[4:]} {human_size(size)}", op, size) for op in ("tcp_put", "tcp_get")
+             for size in sizes] + [("connect + handshake + hello", "tcp_connect", None)]
+    for name, op, size in lines:
+        plain, tls = res.row(pl, "mcd-tcp", op, size), res.row(pl, "mcd-tcp+tls", op, size)
+        cpu = [((r or {}).get("cpu") or {}).get("server_cpu_us_per_unit") for r in (plain, tls)]
+        speed = (tls["median"] / plain["median"] if plain and tls and plain["median"]
+                 and tls["median"] else None)
+        rows.append([name, cell(plain), cell(tls), fmt(speed) + ("x" if speed else ""),
+                     fmt(cpu[0]), fmt(cpu[1]),
+                     fmt(cpu[1] / cpu[0]) + "x" if cpu[0] and cpu[1] else "-"])
+    return (f"## TLS on TCP, placement `{pl}`: {label}\n\nOne client over TCP, one op in "
+            "flight, against a plain daemon and one with [tls] enabled (same loop, trials "
+            "alternating); ops/s (connect: connections/s) and the daemon's CPU µs per op "
+            "(summed over trials; 10 ms ticks).\n\n" + table(
+                ["op", "plain ops/s", "TLS ops/s", "TLS/plain", "plain server µs/op",
+                 "TLS server µs/op", "TLS/plain CPU"], rows))
 
 
 def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:
@@ -631,6 +656,9 @@ def render(res: Results, info: dict) -> str:
     for pl in placements:
         if has_cluster(res, pl):
             parts.append(render_cluster(res, pl, info["placements"][pl], info))
+    for pl in placements:
+        if any(r["placement"] == pl and r["op"].startswith(TLS_OPS) for r in res.rows):
+            parts.append(render_tls(res, pl, info["placements"][pl]))
     replay = render_replay(res, info)
     if replay:
         parts.append(replay)

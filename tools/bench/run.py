@@ -5,6 +5,7 @@
     python tools/bench/run.py --quick    # 1 trial, small counts (smoke test)
     python tools/bench/run.py --only cluster   # just the cluster section
     python tools/bench/run.py --only replay    # just the trace replay
+    python tools/bench/run.py --only tls       # just the cost of TLS
 
 Run it from the repo root with the project's Python (the one that imports mooncaked). It sets
 itself up (bootstrap.py: redis-server and libibverbs1 from Debian, a venv in tools/bench/.venv
@@ -24,6 +25,8 @@ with Mooncake's PyPI wheel, redis-py + hiredis, numpy, matplotlib), then for eac
                 Mooncake's cross-client TCP get, leader failover (kill -9) and transfer-leader
                 (cluster.py)
     replay      the FAST'25 conversation trace against each store (replay.py), first placement
+    tls         put / get 4 KiB and 1 MiB and connect over TCP, plain vs TLS, ops/s and server
+                CPU per op, as ratios (tls_cost.py)
 
 Every value carries its key's index and a per-trial nonce and is read back and checked outside
 the timed loops; every row records the servers' CPU (/proc/PID/stat) beside its wall-clock
@@ -58,17 +61,18 @@ import cluster  # noqa: E402
 import report  # noqa: E402
 from common import GiB, KiB, MiB  # noqa: E402
 import replay  # noqa: E402
+import tls_cost  # noqa: E402
 from common import proc_cpu_s  # noqa: E402
 from procs import MOONCAKED_SRC, PROCS, Noise, Worker, placements, run_one  # noqa: E402
 from servers import (LOG_LEVEL, MOONCAKE_MEMCPY_LINE, MOONCAKE_MEMCPY_ON, apart,  # noqa: E402
-                     mooncake_transfer_mode, start_mooncake_client, start_mooncake_master,
-                     start_mooncaked, start_redis)
+                     daemon_knows, mooncake_transfer_mode, start_mooncake_client,
+                     start_mooncake_master, start_mooncaked, start_redis)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 # Mooncake's client advertises this address for its transfer-engine RPC instead of the first
 # network interface's (its listening sockets still bind the wildcard address; see README).
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-SECTIONS = ("machine", "mooncaked", "mooncake", "redis", "cluster", "replay")
+SECTIONS = ("machine", "mooncaked", "mooncake", "redis", "cluster", "replay", "tls")
 
 
 class Config:
@@ -100,6 +104,7 @@ class Config:
             self.cold_ops = 4
         cluster.config_defaults(self)  # the cluster section's counts
         replay.config_defaults(self)  # the replay section's
+        tls_cost.config_defaults(self)  # the TLS section's
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -533,6 +538,14 @@ class Bench:
             return
         cluster.ClusterSection(self).run(pl, with_mooncake)
 
+    def section_tls(self, pl) -> None:
+        if not daemon_knows(MOONCAKED_SRC[0], "require_client_cert"):
+            self.log(f"[{pl.name}] tls: skipped, the daemon in {MOONCAKED_SRC[0]} has no [tls]")
+            self.info["errors"].append(f"tls [{pl.name}]: skipped (no [tls] in the daemon's "
+                                       "mooncaked.toml)")
+            return
+        tls_cost.TLSSection(self).run(pl)
+
     def run(self, placement_list, systems, sections) -> None:
         plan = [("memcpy", None, self.section_memcpy)]  # every run records its machine
         stores = systems & sections & {"mooncaked", "mooncake", "redis"}
@@ -545,6 +558,8 @@ class Bench:
                 with_mooncake = "mooncake" in systems
                 plan.append(("cluster", pl,
                              lambda p, m=with_mooncake: self.section_cluster(p, m)))
+            if "mooncaked" in systems and "tls" in sections:
+                plan.append(("tls", pl, self.section_tls))
         if "replay" in sections and placement_list:  # under the first placement only
             plan.append(("replay", placement_list[0],
                          lambda p: self.section_replay(p, systems)))

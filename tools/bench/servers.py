@@ -108,7 +108,8 @@ def daemon_knows(src: str, key: str) -> bool:
 def start_mooncaked(python: str, workdir: str, placement: Placement, segment_bytes: int,
                     loop: str | None, log_path: str, *, unix_socket: bool = True,
                     cluster: dict | None = None, busy_poll: bool = False,
-                    name: str = "bench", wait: bool = True) -> Server:
+                    name: str = "bench", wait: bool = True,
+                    extra_sections: dict | None = None) -> Server:
     """loop: the value for $MOONCAKED_LOOP, or None to leave it unset (the default loop).
     The segment is prefaulted at start-up when the daemon has that switch (what an operator
     who cares about latency sets); otherwise run.py fills it once before measuring.
@@ -117,7 +118,7 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
     busy_poll_us (only where the daemon has CPUs its clients do not use); default off, like
     every other server here. Log level LOG_LEVEL (the same as the other servers).
     wait=False: return at once; await_mooncaked(server) waits for READY=1 (several daemons
-    then start side by side)."""
+    then start side by side). extra_sections: more config sections (e.g. {"tls": {...}})."""
     src = MOONCAKED_SRC[0]
     os.makedirs(workdir, exist_ok=True)
     shm_dir = os.path.join("/dev/shm",
@@ -143,6 +144,7 @@ def start_mooncaked(python: str, workdir: str, placement: Placement, segment_byt
     }
     if cluster is not None:
         sections["cluster"] = dict(cluster, enabled=True)
+    sections.update(extra_sections or {})
     with open(config_path, "w") as f:
         f.write(_toml(sections))
     loop_env = {} if loop is None else {"MOONCAKED_LOOP": loop}

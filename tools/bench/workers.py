@@ -22,7 +22,8 @@ Store roles (this file):
     prefill  mooncaked: the daemon's status, first touch of its segment unless it prefaulted
              it; mooncake-daemon: first touch of the mooncake_client's segment
 Machine roles (memcpy, sockets, fdatasync) live in machine.py, the cluster section's roles in
-cluster_workers.py, the trace replay in replay_worker.py; all are dispatched from here too.
+cluster_workers.py, the trace replay in replay_worker.py, the TLS section's in tls_worker.py;
+all are dispatched from here too.
 
 The same loop measures every system: each system is wrapped in a small adapter whose methods
 return plain success flags, so the timing code is shared. The mooncaked roles run under the
@@ -587,6 +588,7 @@ if __name__ == "__main__":
     import cluster_workers
     import machine
     import replay_worker
+    import tls_worker
     role, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     (ROLES.get(role) or cluster_workers.ROLES.get(role) or replay_worker.ROLES.get(role)
-     or machine.ROLES[role])(args)
+     or tls_worker.ROLES.get(role) or machine.ROLES[role])(args)
