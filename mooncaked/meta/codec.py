@@ -28,6 +28,7 @@ TAGS: dict[type, int] = {
     c.NodeUp: 9,
     c.NodeDown: 10,
     c.PutCommit: 11,
+    c.SetQuota: 12,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -55,11 +56,26 @@ _CHECKS = {
     "node_name": lambda v: type(v) is str,
     "client_address": lambda v: type(v) is str,
     "peer_address": lambda v: type(v) is str,
+    "namespace": lambda v: v == c.QUOTA_DEFAULT or c.valid_namespace(v),
+    "max_bytes": lambda v: type(v) is int and v >= 0,
+    "max_objects": lambda v: type(v) is int and v >= 0,
 }
+
+# Commands built from an operator's input, checked on encode too: a bad one is refused where
+# it is made instead of reaching the log and stopping every node that decodes it.
+_CHECKED_ON_ENCODE = frozenset({c.SetQuota})
+
+
+def _check_fields(cls, values) -> None:
+    for name, field_value in zip(_FIELDS[cls], values):
+        if not _CHECKS.get(name, _is_int)(field_value):
+            raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
 
 
 def encode(command) -> bytes:
     cls = type(command)
+    if cls in _CHECKED_ON_ENCODE:
+        _check_fields(cls, [getattr(command, name) for name in _FIELDS[cls]])
     return msgpack.packb([TAGS[cls], *(getattr(command, name) for name in _FIELDS[cls])],
                          use_bin_type=True)
 
@@ -78,7 +94,5 @@ def decode(data: bytes):
     if len(value) != len(names) + 1:
         raise ValueError(f"command {cls.__name__}: expected {len(names)} fields, "
                          f"got {len(value) - 1}")
-    for name, field_value in zip(names, value[1:]):
-        if not _CHECKS.get(name, _is_int)(field_value):
-            raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
+    _check_fields(cls, value[1:])
     return cls(*value[1:])
