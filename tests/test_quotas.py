@@ -532,3 +532,90 @@ def test_ctl_quota_set_and_ls_and_metrics(make_daemon):
     assert value(families, "mooncaked_namespace_max_bytes", namespace="team") == 2048
     assert value(families, "mooncaked_namespace_max_objects", namespace="team") == 5
     assert value(families, "mooncaked_namespace_max_bytes", namespace="*") == 0
+
+
+# -- a cluster ------------------------------------------------------------------------------------
+
+def wait_until(check, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def cluster_quota(cluster, node_id: int, namespace: str):
+    with cluster.client(node_id) as client:
+        row = quota_rows(client).get(namespace)
+    return row and (row["max_bytes"], row["max_objects"])
+
+
+def team(cluster, node_id: int) -> BlockingClient:
+    return BlockingClient.connect(cluster.nodes[node_id].tcp_address, namespace="team",
+                                  timeout_s=10.0)
+
+
+def test_cluster_quotas_go_through_the_log_and_survive_leader_change_and_restart():
+    from cluster_harness import Cluster
+    cluster = Cluster(3, cluster={"snapshot_entries": 20},
+                      **{"namespaces.seeded": {"max_objects": 1}})
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        follower = next(i for i in (1, 2, 3) if i != leader)
+        # The leader proposed its configured quota; every node applies it.
+        for node_id in (1, 2, 3):
+            wait_until(lambda: cluster_quota(cluster, node_id, "seeded") == (0, 1))
+        # Set through a follower: the leader puts it in the log.
+        with cluster.client(follower) as client:
+            client.call("quota_set", "team", 3000, 2)
+        with team(cluster, 1) as client:
+            assert client.put("a", b"1" * 1000) is True
+        with team(cluster, 2) as client:
+            assert client.put("b", b"2" * 1000) is True
+        for node_id in (1, 2, 3):
+            with team(cluster, node_id) as client:
+                with pytest.raises(MooncakedError) as info:
+                    client.put(f"c{node_id}", b"3")  # a third object
+                assert info.value.code == ErrorCode.QUOTA_EXCEEDED
+        # Per key in a batch, through a follower.
+        with team(cluster, follower) as client:
+            client.remove("b", force=True)  # a new leader counts every object leased
+            assert client.batch_put(["x", "y"], [b"4" * 500, b"5" * 500]) == [
+                0, ErrorCode.QUOTA_EXCEEDED]
+        # A runtime change of a configured namespace stays: a new leader does not put its
+        # config back.
+        with cluster.client(leader) as client:
+            client.call("quota_set", "seeded", None, 5)
+            for i in range(25):  # past snapshot_entries: the state is compacted
+                client.put(f"fill{i}", b"f" * 64, WireReplicateConfig(replica_num=2))
+        with cluster.client(leader) as client:
+            client.call("cluster_transfer_leader", follower)
+        wait_until(lambda: cluster.wait_for_leader() == follower)
+        with cluster.client(follower) as client:  # the new leader has applied its term start
+            client.call("cluster_status")
+        for node_id in (1, 2, 3):
+            wait_until(lambda: cluster_quota(cluster, node_id, "team") == (3000, 2))
+            assert wait_until(lambda: cluster_quota(cluster, node_id, "seeded")) == (0, 5)
+            with team(cluster, node_id) as client:
+                with pytest.raises(MooncakedError) as info:
+                    client.put(f"z{node_id}", b"z")
+                assert info.value.code == ErrorCode.QUOTA_EXCEEDED
+        assert "this node's config says" in cluster.nodes[follower].log()
+        # A restarted node rebuilds the quotas and usage from its snapshot and the log.
+        restarted = next(i for i in (1, 2, 3) if i != follower)
+        cluster.nodes[restarted].terminate()
+        cluster.nodes[restarted].start()
+        cluster.wait_for_leader()
+        assert cluster.status(restarted)["raft"]["snapshot_index"] > 0
+        wait_until(lambda: cluster_quota(cluster, restarted, "team") == (3000, 2))
+        with team(cluster, restarted) as client:
+            row = quota_rows(client)["team"]
+            assert (row["bytes"], row["objects"]) == (1500, 2)
+            with pytest.raises(MooncakedError) as info:
+                client.put("again", b"z")
+            assert info.value.code == ErrorCode.QUOTA_EXCEEDED
+    finally:
+        cluster.close()
