@@ -272,68 +272,110 @@ def test_snapshot_and_restore_carry_the_quotas_and_recount_usage():
             copy.restore(msgpack.packb(top, use_bin_type=True))
 
 
+NAMESPACES = ["a", "b", "c"]
+LIMITS = {"a": (6000, 4), "b": (3000, 0), "*": (0, 6)}
+
+
+def random_command(rng: random.Random, state: StateMachine, now: int, step: int,
+                   writers: dict, set_quotas: bool = False):
+    """A random command of any kind that changes usage (None: nothing to do this step)."""
+    key = (rng.choice(NAMESPACES), f"k{rng.randint(0, 6)}")
+    choice = rng.random()
+    if choice < 0.3:
+        writer = rng.randint(1, 1000)
+        writers[key] = writer
+        return c.PutStart(key, rng.randint(1, 2500), rng.randint(1, 3), (), None, False,
+                          rng.random() < 0.3, writer, now, rng.getrandbits(32))
+    if choice < 0.45:
+        return c.PutEnd(key, writers.get(key, 0), now, now + 20)
+    if choice < 0.5:
+        return c.PutRevoke(key, writers.get(key, 0), rng.choice([0, now + 50]))
+    if choice < 0.6:
+        return c.Remove(key, now + rng.randint(0, 50))
+    if choice < 0.65:
+        return c.Evict(tuple(rng.sample(sorted(state.objects), min(2, len(state.objects)))))
+    if choice < 0.75:
+        return c.PutStart(reservation(key[0], step), rng.randint(1, 2000), 1, (), None, False,
+                          False, 9, now, rng.getrandbits(32))
+    if choice < 0.85:
+        held = [k for k in state.objects if k[0] == c.RESERVED_NAMESPACE]
+        if not held:
+            return None
+        reserved = rng.choice(held)
+        return c.PutCommit(reserved, key, state.objects[reserved].pending.size_bytes, None,
+                           False, 9, now)
+    if set_quotas and choice < 0.9:
+        return c.SetQuota(rng.choice(NAMESPACES + ["*"]), rng.choice([0, 2000, 8000]),
+                          rng.choice([0, 2, 5]))
+    if choice < 0.97:
+        return c.ReleaseExpired(now)
+    return c.UnmountSegment(rng.choice(sorted(state.segments) or [0]))
+
+
+def usage_table(state) -> dict:
+    return {n: (u.bytes, u.objects) for n, u in state.usage.items()}
+
+
 def test_random_sequences_keep_usage_equal_to_the_live_objects_and_within_quota():
     """Property: through random puts, ends, upserts, revokes, removes, reservations, commits,
     evictions, sweeps and unmounts, usage equals the recount from the objects after every
     command, no namespace passes its quota, and a refused command changes no table."""
-    namespaces = ["a", "b", "c"]
-    limits = {"a": (6000, 4), "b": (3000, 0), "*": (0, 6)}
     for seed in range(30):
         rng = random.Random(seed)
         state = new_state(segments=3, capacity=16 * KIB)
-        for namespace, (max_bytes, max_objects) in limits.items():
+        for namespace, (max_bytes, max_objects) in LIMITS.items():
             state.apply(c.SetQuota(namespace, max_bytes, max_objects))
-        now = 0
-        writers = {}
+        now, writers, refusals = 0, {}, 0
         for step in range(300):
             now += rng.randint(0, 60)
-            namespace = rng.choice(namespaces)
-            key = (namespace, f"k{rng.randint(0, 6)}")
-            choice = rng.random()
-            if choice < 0.3:
-                writer = rng.randint(1, 1000)
-                command = c.PutStart(key, rng.randint(1, 2500), rng.randint(1, 3), (), None,
-                                     False, rng.random() < 0.3, writer, now, rng.getrandbits(32))
-                writers[key] = writer
-            elif choice < 0.45:
-                command = c.PutEnd(key, writers.get(key, 0), now, now + 20)
-            elif choice < 0.5:
-                command = c.PutRevoke(key, writers.get(key, 0), rng.choice([0, now + 50]))
-            elif choice < 0.6:
-                command = c.Remove(key, now + rng.randint(0, 50))
-            elif choice < 0.65:
-                command = c.Evict(tuple(rng.sample(sorted(state.objects), min(
-                    2, len(state.objects)))))
-            elif choice < 0.75:
-                reserved = reservation(namespace, step)
-                writers[reserved] = 9
-                command = c.PutStart(reserved, rng.randint(1, 2000), 1, (), None, False, False,
-                                     9, now, rng.getrandbits(32))
-            elif choice < 0.85:
-                held = [k for k in state.objects if k[0] == c.RESERVED_NAMESPACE]
-                if not held:
-                    continue
-                reserved = rng.choice(held)
-                size = state.objects[reserved].pending.size_bytes
-                command = c.PutCommit(reserved, key, size, None, False, 9, now)
-            elif choice < 0.97:
-                command = c.ReleaseExpired(now)
-            else:
-                command = c.UnmountSegment(rng.choice(sorted(state.segments) or [0]))
-            before = (dict(state.usage and {n: (u.bytes, u.objects)
-                                              for n, u in state.usage.items()}),
-                      set(state.objects), state.used_bytes())
+            command = random_command(rng, state, now, step, writers)
+            if command is None:
+                continue
+            before = (usage_table(state), set(state.objects), state.used_bytes())
             try:
                 state.apply(command)
             except MooncakedError as exc:
-                after = ({n: (u.bytes, u.objects) for n, u in state.usage.items()},
-                         set(state.objects), state.used_bytes())
+                refusals += exc.code == ErrorCode.QUOTA_EXCEEDED
+                after = (usage_table(state), set(state.objects), state.used_bytes())
                 assert after == before, (seed, step, command, exc)
             state.check_invariants()
-            for namespace_name, used in state.usage.items():
-                max_bytes, max_objects = state.quota_of(namespace_name)
-                assert not max_bytes or used.bytes <= max_bytes, (seed, step, namespace_name)
+            for namespace, used in state.usage.items():
+                max_bytes, max_objects = state.quota_of(namespace)
+                assert not max_bytes or used.bytes <= max_bytes, (seed, step, namespace)
                 assert not max_objects or used.objects <= max_objects, (seed, step)
+        assert refusals > 0, seed  # the quotas were reached, not just never approached
+
+
+def test_random_sequences_with_quota_changes_restore_and_follow_identically():
+    """A snapshot taken anywhere in a run that also changes quotas, restored into another
+    state machine, follows the rest of the run to the same digest at every step."""
+    for seed in range(10):
+        rng = random.Random(1000 + seed)
+        leader = new_state(segments=3, capacity=16 * KIB)
+        follower = None
+        split = rng.randrange(200)
+        now, writers = 0, {}
+        for step in range(200):
+            if step == split:
+                follower = new_state(segments=0)
+                follower.restore(leader.snapshot())
+                assert usage_table(follower) == usage_table(leader)
+            now += rng.randint(0, 60)
+            command = random_command(rng, leader, now, step, writers, set_quotas=True)
+            if command is None:
+                continue
+            results = []
+            for state in (leader, follower) if follower else (leader,):
+                try:
+                    state.apply(command)
+                    results.append(None)
+                except MooncakedError as exc:
+                    results.append(exc.code)
+                state.check_invariants()
+            if follower:
+                assert results[0] == results[1], (seed, step, command)
+                assert follower.digest() == leader.digest(), (seed, step, command)
+                assert usage_table(follower) == usage_table(leader)
 
 
 # -- eviction -------------------------------------------------------------------------------------
