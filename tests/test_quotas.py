@@ -594,6 +594,9 @@ def cluster_quota(cluster, node_id: int, namespace: str):
     return row and (row["max_bytes"], row["max_objects"])
 
 
+THREE = WireReplicateConfig(replica_num=3)
+
+
 def team(cluster, node_id: int) -> BlockingClient:
     return BlockingClient.connect(cluster.nodes[node_id].tcp_address, namespace="team",
                                   timeout_s=10.0)
@@ -610,13 +613,17 @@ def test_cluster_quotas_go_through_the_log_and_survive_leader_change_and_restart
         # The leader proposed its configured quota; every node applies it.
         for node_id in (1, 2, 3):
             wait_until(lambda: cluster_quota(cluster, node_id, "seeded") == (0, 1))
-        # Set through a follower: the leader puts it in the log.
+        # Set through a follower: the leader puts it in the log. Three replicas each, so that
+        # the objects outlive the restart of one node below.
         with cluster.client(follower) as client:
-            client.call("quota_set", "team", 3000, 2)
+            client.call("quota_set", "team", 100_000, 2)
         with team(cluster, 1) as client:
-            assert client.put("a", b"1" * 1000) is True
+            assert client.put("a", b"1" * 1000, THREE) is True
+            with pytest.raises(MooncakedError) as info:
+                client.put("big", b"b" * 40_000, THREE)  # 120,000 bytes with its replicas
+            assert info.value.code == ErrorCode.QUOTA_EXCEEDED
         with team(cluster, 2) as client:
-            assert client.put("b", b"2" * 1000) is True
+            assert client.put("b", b"2" * 1000, THREE) is True
         for node_id in (1, 2, 3):
             with team(cluster, node_id) as client:
                 with pytest.raises(MooncakedError) as info:
@@ -625,7 +632,7 @@ def test_cluster_quotas_go_through_the_log_and_survive_leader_change_and_restart
         # Per key in a batch, through a follower.
         with team(cluster, follower) as client:
             client.remove("b", force=True)  # a new leader counts every object leased
-            assert client.batch_put(["x", "y"], [b"4" * 500, b"5" * 500]) == [
+            assert client.batch_put(["x", "y"], [b"4" * 500, b"5" * 500], THREE) == [
                 0, ErrorCode.QUOTA_EXCEEDED]
         # A runtime change of a configured namespace stays: a new leader does not put its
         # config back.
@@ -639,7 +646,7 @@ def test_cluster_quotas_go_through_the_log_and_survive_leader_change_and_restart
         with cluster.client(follower) as client:  # the new leader has applied its term start
             client.call("cluster_status")
         for node_id in (1, 2, 3):
-            wait_until(lambda: cluster_quota(cluster, node_id, "team") == (3000, 2))
+            wait_until(lambda: cluster_quota(cluster, node_id, "team") == (100_000, 2))
             assert wait_until(lambda: cluster_quota(cluster, node_id, "seeded")) == (0, 5)
             with team(cluster, node_id) as client:
                 with pytest.raises(MooncakedError) as info:
@@ -652,10 +659,15 @@ def test_cluster_quotas_go_through_the_log_and_survive_leader_change_and_restart
         cluster.nodes[restarted].start()
         cluster.wait_for_leader()
         assert cluster.status(restarted)["raft"]["snapshot_index"] > 0
-        wait_until(lambda: cluster_quota(cluster, restarted, "team") == (3000, 2))
+        wait_until(lambda: cluster_quota(cluster, restarted, "team") == (100_000, 2))
+
+        def usage_at(node_id):
+            with cluster.client(node_id) as client:
+                row = quota_rows(client)["team"]
+            return row["bytes"], row["objects"]
+        # Its replicas were dropped when it registered again: 2 of 3 left of each object.
+        wait_until(lambda: usage_at(restarted) == usage_at(follower) == (2 * 1500, 2))
         with team(cluster, restarted) as client:
-            row = quota_rows(client)["team"]
-            assert (row["bytes"], row["objects"]) == (1500, 2)
             with pytest.raises(MooncakedError) as info:
                 client.put("again", b"z")
             assert info.value.code == ErrorCode.QUOTA_EXCEEDED
