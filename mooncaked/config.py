@@ -179,6 +179,20 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class NamespaceQuotaConfig:
+    """One `[namespaces.<name>]` table: a namespace's quota (README, "Quotas")."""
+    max_bytes: int = _key(0, 0, 1 << 60, unit="bytes",
+                          doc="value bytes x replicas the namespace may hold; 0 = unlimited")
+    max_objects: int = _key(0, 0, 1 << 40, doc="objects the namespace may hold; 0 = unlimited")
+
+
+# The `[namespaces]` name that stands for every namespace without a table of its own.
+DEFAULT_NAMESPACE_QUOTA = "*"
+_NAMESPACE_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                  "0123456789._:/-")
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -188,6 +202,8 @@ class Config:
     tls: TLSConfig = field(default_factory=TLSConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # Quotas by namespace name ("*": the default), from the `[namespaces.<name>]` tables.
+    namespaces: dict[str, NamespaceQuotaConfig] = field(default_factory=dict)
     source: str = ""
 
     @property
@@ -209,11 +225,15 @@ class Config:
             octal = {f.name for f in dataclasses.fields(values) if f.metadata["octal"]}
             result[section.name] = {name: f"0o{value:o}" if name in octal else value
                                     for name, value in dataclasses.asdict(values).items()}
+        result["namespaces"] = {name: dataclasses.asdict(quota)
+                                for name, quota in self.namespaces.items()}
         return result
 
 
 def sections() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(Config) if f.name != "source"]
+    """The sections of one table of keys each (`[namespaces]` holds a table per namespace,
+    and is read by `_namespaces`)."""
+    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "namespaces")]
 
 
 def _check_environment(path: str) -> None:
@@ -270,6 +290,9 @@ def _check_octal(where: str, value: int, minimum: int, maximum: int) -> None:
 def from_dict(data: dict[str, Any], path: str = "<config>") -> Config:
     known = {s.name: s for s in sections()}
     built = {}
+    data = dict(data)
+    if "namespaces" in data:
+        built["namespaces"] = _namespaces(data.pop("namespaces"), path)
     for section_name, table in data.items():
         if section_name not in known and not isinstance(table, dict):
             # `size_bytes = 1` above every [section] header: a key, not a section.
@@ -281,7 +304,7 @@ def from_dict(data: dict[str, Any], path: str = "<config>") -> Config:
                               f"first [section] header){where}")
         if section_name not in known:
             raise ConfigError(f"{path}: unknown section [{section_name}] "
-                              f"(known: {', '.join(known)})")
+                              f"(known: {', '.join(known)}, namespaces)")
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: [{section_name}] must be a table")
         section_type = known[section_name].default_factory
@@ -296,6 +319,33 @@ def from_dict(data: dict[str, Any], path: str = "<config>") -> Config:
     config = Config(**built, source=path)
     _check_relations(config, path)
     return config
+
+
+def _namespaces(value: Any, path: str) -> dict[str, NamespaceQuotaConfig]:
+    """The `[namespaces.<name>]` tables: max_bytes and max_objects of each namespace."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: namespaces must be tables [namespaces.<name>], each with "
+                          "max_bytes and max_objects")
+    specs = {f.name: f for f in dataclasses.fields(NamespaceQuotaConfig)}
+    quotas = {}
+    for name, table in value.items():
+        section = f'namespaces."{name}"'
+        if name != DEFAULT_NAMESPACE_QUOTA and not (
+                1 <= len(name) <= 255 and set(name) <= _NAMESPACE_CHARACTERS):
+            raise ConfigError(f"{path}: [{section}]: {name!r} is not a namespace (1-255 "
+                              f"characters of [A-Za-z0-9._:/-]) nor {DEFAULT_NAMESPACE_QUOTA!r} "
+                              "(the default of every other namespace)")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{section}] must be a table with max_bytes and "
+                              "max_objects")
+        values = {}
+        for key, item in table.items():
+            if key not in specs:
+                raise ConfigError(f"{path}: unknown key [{section}] {key} "
+                                  f"(known: {', '.join(specs)})")
+            values[key] = _check_value(path, section, key, specs[key], item)
+        quotas[name] = NamespaceQuotaConfig(**values)
+    return quotas
 
 
 def _check_relations(config: Config, path: str) -> None:

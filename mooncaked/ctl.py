@@ -13,6 +13,8 @@ wire/PROTOCOL.md section 5.3.
     objects stat KEY
     objects rm KEY [--force]
     config show                  the effective configuration
+    quota ls                     each namespace's usage and limits
+    quota set NS [--max-bytes N] [--max-objects N]   set a namespace's limits (NS "*": default)
     cluster status               this node's view of the cluster: role, leader, term, log
     cluster members              the nodes: id, name, voter / learner, up, segments
     cluster add ID HOST:PORT     add a node (as a learner, promoted once caught up)
@@ -42,6 +44,10 @@ units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema i
 - `objects stat`: one object map;
 - `objects rm`: `{"namespace": ..., "key": ..., "removed": true}`;
 - `config show`: the configuration as a map of sections;
+- `quota ls`: a list of `{namespace, bytes, objects, max_bytes, max_objects, own_quota}` (the
+  daemon's `quota_list`, PROTOCOL.md 5.3; limits 0 = unlimited; the `*` row is the default of
+  namespaces without a quota of their own); `quota set`: `{"namespace": NS, "max_bytes": N,
+  "max_objects": N}` as set;
 - `cluster status`: the node's `cluster` map (PROTOCOL.md 5.4); `cluster members`: a list of
   `{node_id, name, role, up, client_address, peer_address, segments}`; `cluster add`, `remove`,
   `transfer-leader`: `{"node_id": ID, "done": true}`; `cluster drain`: `{"node_id": ID,
@@ -350,6 +356,52 @@ def config_show(settings: Settings) -> None:
     rows = [[section, name, _field_value(name, value)]
             for section, values in data.items() for name, value in values.items()]
     emit(settings, data, format_table(["SECTION", "KEY", "VALUE"], rows))
+
+
+@cli.group()
+def quota() -> None:
+    """Namespace quotas: usage and limits (README, "Quotas")."""
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == 0 else str(value)
+
+
+@quota.command("ls")
+@click.pass_obj
+def quota_ls(settings: Settings) -> None:
+    """Each namespace's bytes and objects, and its limits; `*` is the default's row."""
+    with connected(settings) as client:
+        data = client.call("quota_list")
+    rows = [[q["namespace"], human_bytes(q["bytes"]), q["objects"],
+             "unlimited" if q["max_bytes"] == 0 else human_bytes(q["max_bytes"]),
+             _limit(q["max_objects"]), "own" if q["own_quota"] else "default"] for q in data]
+    emit(settings, data, format_table(
+        ["NAMESPACE", "BYTES", "OBJECTS", "MAX_BYTES", "MAX_OBJECTS", "QUOTA"], rows))
+
+
+@quota.command("set")
+@click.argument("namespace")
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None,
+              help="Value bytes x replicas the namespace may hold; 0 = unlimited "
+              "(default: unchanged).")
+@click.option("--max-objects", type=click.IntRange(min=0), default=None,
+              help="Objects the namespace may hold; 0 = unlimited (default: unchanged).")
+@click.pass_obj
+def quota_set(settings: Settings, namespace: str, max_bytes: int | None,
+              max_objects: int | None) -> None:
+    """Set the limits of NAMESPACE (`*`: of every namespace without its own quota).
+
+    Puts that would pass a limit are refused with QUOTA_EXCEEDED; what is stored stays, and
+    goes first when the store evicts. In a cluster the quota goes through the log."""
+    if max_bytes is None and max_objects is None:
+        raise click.UsageError("give --max-bytes, --max-objects or both")
+    with connected(settings) as client:
+        client.call("quota_set", namespace, max_bytes, max_objects)
+        shown = next(q for q in client.call("quota_list") if q["namespace"] == namespace)
+    data = {"namespace": namespace, "max_bytes": shown["max_bytes"],
+            "max_objects": shown["max_objects"]}
+    emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(data)))
 
 
 @cli.group()

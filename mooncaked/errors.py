@@ -46,6 +46,8 @@ class ErrorCode(enum.IntEnum):
     # Cluster: the request reached the log but leadership changed before it was applied: it
     # may or may not take effect. Check (exists / get) before retrying a non-idempotent call.
     OUTCOME_UNKNOWN = -3008
+    # The put would take its namespace over its quota (bytes or objects); nothing was stored.
+    QUOTA_EXCEEDED = -3009
 
 
 def code_name(code: int) -> str:

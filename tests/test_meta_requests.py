@@ -27,6 +27,7 @@ GOOD = {
     "read": [[KEY, ["ns", "other"]]],
     "remove": [KEY, True],
     "remove_matching": ["ns", "^a", False],
+    "set_quota": ["ns", 1 << 20, None],
     "register": [[codec.encode(c.NodeUp(2, "n2", "127.0.0.1:1", "127.0.0.1:2"))]],
     "join": [2, "127.0.0.1:9"],
     "leave": [2],
@@ -55,6 +56,9 @@ BAD = [
     ("remove", [KEY, "yes"]),
     ("remove_matching", ["ns", "(", False]),  # not a pattern
     ("remove_matching", [None, "a", False]),
+    ("set_quota", ["ns\n", 1, 1]),
+    ("set_quota", ["ns", -1, None]),
+    ("set_quota", ["ns", None, "10"]),
     ("register", [[b"\xc1garbage"]]),
     ("register", [["not bytes"]]),
     ("register", [[codec.encode(c.Remove(("ns", "k"), 5))]]),  # not a registration

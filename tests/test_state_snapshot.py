@@ -559,7 +559,7 @@ def _garbage_snapshots(good: bytes):
     def set_field(name, value):
         return mutated(lambda t: t.__setitem__(name, value))
 
-    yield set_field("format", 2)
+    yield set_field("format", 3)
     yield set_field("format", True)
     yield mutated(lambda t: t.pop("nodes"))
     yield mutated(lambda t: t.__setitem__("extra", 1))

@@ -95,6 +95,16 @@ def _registration(value: Any) -> list:
     return registered
 
 
+def _quota_namespace(value: Any) -> str:
+    if value != c.QUOTA_DEFAULT and not c.valid_namespace(value):
+        raise _Invalid(f"a namespace or {c.QUOTA_DEFAULT!r}")
+    return value
+
+
+def _limit(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
 def _node_id(value: Any) -> int:
     return _int(value, 1)
 
@@ -107,6 +117,8 @@ _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "read": (("keys", _keys),),
     "remove": (("key", _key), ("force", _bool)),
     "remove_matching": (("namespace", _str), ("pattern", _pattern), ("force", _bool)),
+    "set_quota": (("namespace", _quota_namespace), ("max_bytes", _limit),
+                  ("max_objects", _limit)),
     "register": (("commands", _registration),),
     "join": (("node_id", _node_id), ("address", _str)),
     "leave": (("node_id", _node_id),),

@@ -12,6 +12,9 @@
   caught up, and runs the expiry and eviction sweep.
 - Each node registers itself (NodeUp, then MountSegment for each of its segments) once a
   leader is known, and again whenever the log says it was declared down.
+- Namespace quotas are replicated state (SetQuota): a new leader proposes the `[namespaces]`
+  quotas of its own config for namespaces the log has never had a quota for; after that they
+  change only through `quota_set` (mooncakectl quota set), so every node enforces the same.
 """
 
 from __future__ import annotations
@@ -231,6 +234,8 @@ class ClusterService:
             self._leader_changed = asyncio.get_running_loop().create_future()
         if role == Role.LEADER:
             self.master.become_leader()
+            if self.daemon.config.namespaces:
+                self._spawn(self._seed_quotas(term))
             self._leader_since = now = time.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
@@ -374,6 +379,26 @@ class ClusterService:
                 self.stats["nodes_declared_down"] += 1
                 await self.raft.propose(c.NodeDown(node.node_id))
 
+    async def _seed_quotas(self, term: int) -> None:
+        """Propose this node's configured quotas for namespaces the log has none for."""
+        try:
+            await self.raft.read_barrier()  # everything earlier leaders committed is applied
+            state = self.daemon.master.state
+            for namespace, quota in self.daemon.config.namespaces.items():
+                if self.raft.role != Role.LEADER or self.raft.core.term != term:
+                    return
+                wanted = (quota.max_bytes, quota.max_objects)
+                current = state.quotas.get(namespace)
+                if current is None:
+                    await self.raft.propose(c.SetQuota(namespace, *wanted))
+                elif current != wanted:
+                    log.warning("namespace %r: the cluster's quota is max_bytes=%d "
+                                "max_objects=%d, this node's config says %d and %d; the "
+                                "cluster's stays (change it with mooncakectl quota set)",
+                                namespace, *current, *wanted)
+        except MooncakedError as exc:
+            log.info("quotas from the config not proposed: %s", exc.message)
+
     async def _promote_learners(self) -> None:
         core = self.raft.core
         learners = core.conf_state.learners
@@ -454,6 +479,11 @@ class ClusterService:
         if method == "remove_matching":
             namespace, pattern, force = params
             return await master.remove_matching_async(namespace, pattern, force)
+        if method == "set_quota":
+            namespace, max_bytes, max_objects = params
+            await self.raft.read_barrier()  # None keeps the value the log has now
+            await self.raft.propose(master.quota_command(namespace, max_bytes, max_objects))
+            return 0
         if method == "register":
             for command in params[0]:
                 try:

@@ -314,6 +314,15 @@ def _leader_call(method: str):
     return handler
 
 
+def handle_quota_set(conn, params: list, payload_length: int):
+    namespace, max_bytes, max_objects = single.quota_params(params)
+
+    async def run() -> Reply:
+        await conn.daemon.cluster.meta("set_quota", [namespace, max_bytes, max_objects])
+        return _ZERO
+    return run()
+
+
 handle_cluster_remove = _leader_call("remove_member")
 handle_cluster_transfer_leader = _leader_call("transfer_leader")
 handle_cluster_drain = _leader_call("drain")

@@ -12,7 +12,7 @@ from typing import Any
 from mooncaked import __version__
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.daemon.connection import Incoming, Reply
-from mooncaked.meta.commands import RESERVED_NAMESPACE
+from mooncaked.meta.commands import QUOTA_DEFAULT, RESERVED_NAMESPACE
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.proto import framing
 
@@ -609,6 +609,32 @@ def handle_object_stat(conn, params: list, payload_length: int) -> Reply:
 def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 0, 0, "[]")
     return Reply(None)  # not a cluster member; cluster nodes answer (daemon/cluster_handlers.py)
+
+
+def quota_params(params: list) -> tuple[str, int | None, int | None]:
+    """[namespace, max_bytes?, max_objects?] of quota_set, checked."""
+    _arity(params, 1, 3, "[namespace, max_bytes?, max_objects?]")
+    namespace = params[0]
+    if type(namespace) is not str or not (
+            namespace == QUOTA_DEFAULT or NAMESPACE_PATTERN.fullmatch(namespace)):
+        raise _invalid(f"namespace must be 1-255 characters of [A-Za-z0-9._:/-] or "
+                       f"{QUOTA_DEFAULT!r} (the default)")
+    limits = []
+    for index, name in ((1, "max_bytes"), (2, "max_objects")):
+        value = _optional(params, index, None)
+        limits.append(None if value is None else _int(value, name))
+    return namespace, limits[0], limits[1]
+
+
+def handle_quota_set(conn, params: list, payload_length: int) -> Reply:
+    namespace, max_bytes, max_objects = quota_params(params)
+    conn.daemon.master.set_quota(namespace, max_bytes, max_objects)
+    return _ZERO
+
+
+def handle_quota_list(conn, params: list, payload_length: int) -> Reply:
+    _arity(params, 0, 0, "[]")
+    return Reply(conn.daemon.master.quota_report())
 
 
 def handle_config_show(conn, params: list, payload_length: int) -> Reply:

@@ -75,6 +75,11 @@ class Daemon:
             allocation_strategy=store.allocation_strategy)
         self.master = Master(state, store, seed=int.from_bytes(os.urandom(8), "little"))
         self.reservations = Reservations(self.master, server.max_reserved_bytes_per_connection)
+        if not config.cluster.enabled:
+            # A single node's state starts empty: its config is the quotas. (A cluster's come
+            # from the log; the leader proposes configured ones, cluster/service.py.)
+            for namespace, quota in config.namespaces.items():
+                self.master.set_quota(namespace, quota.max_bytes, quota.max_objects)
         self.memory: dict[int, SegmentMemory] = {}
         self._connection_ids = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -318,7 +323,7 @@ class Daemon:
             "leases": self.master.active_leases(self.now_ms()),
             "puts_in_progress": self.puts_in_progress(), "tcp_port": self.tcp_port,
             "unix_socket": self.config.server.unix_socket, "metrics_port": self.metrics_port,
-            "draining": self.draining,
+            "draining": self.draining, "namespaces": self.master.quota_report(),
             "cluster": self.cluster.status() if self.cluster is not None else None,
             "evictions": {"runs": self.master.evictions.runs,
                           "objects": self.master.evictions.objects,

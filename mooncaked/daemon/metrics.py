@@ -95,6 +95,7 @@ class StatsCollector:
                                 value=daemon.master.active_leases(now_ms))
         yield GaugeMetricFamily("mooncaked_objects", "Objects in the store (all namespaces)",
                                 value=daemon.objects_count())
+        yield from self._namespaces(daemon.master.quota_report())
         yield GaugeMetricFamily("mooncaked_connections", "Open client connections",
                                 value=len(daemon.connections))
         yield CounterMetricFamily("mooncaked_connections_accepted", "Client connections "
@@ -103,6 +104,25 @@ class StatsCollector:
                                   "malformed input", value=stats.protocol_errors)
         if daemon.cluster is not None and daemon.cluster.raft is not None:
             yield from self._cluster(daemon.cluster)
+
+    @staticmethod
+    def _namespaces(report: list[dict]):
+        """Usage and limits by namespace (limits 0 = unlimited; "*" is the default's)."""
+        families = [
+            ("mooncaked_namespace_bytes", "Value bytes x replicas a namespace holds "
+             "(reservations included)", "bytes"),
+            ("mooncaked_namespace_objects", "Objects a namespace holds", "objects"),
+            ("mooncaked_namespace_max_bytes", "A namespace's byte quota; 0 = unlimited",
+             "max_bytes"),
+            ("mooncaked_namespace_max_objects", "A namespace's object quota; 0 = unlimited",
+             "max_objects"),
+        ]
+        for name, help_text, field in families:
+            family = GaugeMetricFamily(name, help_text, labels=["namespace"])
+            for row in report:
+                if field.startswith("max_") or row["namespace"] != "*":
+                    family.add_metric([row["namespace"]], row[field])
+            yield family
 
     @staticmethod
     def _cluster(cluster):

@@ -6,7 +6,8 @@ also refills its stock: one round trip per put instead of two (put_start, put_en
 
 In the state machine a reservation is an unfinished put (PutStart) under a key of
 RESERVED_NAMESPACE, which no client can name, written by the connection: invisible, not
-evictable, counted as used, and revoked by the release sweep after
+evictable, counted as used (and against the quota of the connection's namespace, so that
+reserving cannot get around it), and revoked by the release sweep after
 `put_start_release_timeout_ms` like any unfinished put. PutCommit moves it to the real key.
 This table maps each granted range to its reservation and bounds what one connection holds
 (`[server] max_reserved_bytes_per_connection`, by the ranges' sizes, as the client counts
@@ -60,12 +61,14 @@ class Reservations:
             for _ in range(count):
                 if conn.reserved_bytes + size_bytes > self.max_bytes_per_connection:
                     break
-                key = (commands.RESERVED_NAMESPACE, f"{conn.connection_id}/{next(self._names)}")
+                # Reserved bytes count against the connection's namespace's quota.
+                key = (commands.RESERVED_NAMESPACE, commands.reservation_name(
+                    conn.namespace, conn.connection_id, next(self._names)))
                 try:
                     replicas = master.put_start(key, size_bytes, _ONE_REPLICA, False,
                                                 conn.connection_id, now_ms)
                 except MooncakedError:
-                    break  # no space (after eviction) or the object table is full
+                    break  # no space (after eviction), the object table is full, or quota
                 replica = replicas[0]
                 where = (replica.segment_id, replica.offset)
                 self.by_range[where] = Reservation(conn.connection_id, key, size_bytes)

@@ -28,6 +28,7 @@ TAGS: dict[type, int] = {
     c.NodeUp: 9,
     c.NodeDown: 10,
     c.PutCommit: 11,
+    c.SetQuota: 12,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -55,7 +56,15 @@ _CHECKS = {
     "node_name": lambda v: type(v) is str,
     "client_address": lambda v: type(v) is str,
     "peer_address": lambda v: type(v) is str,
+    "namespace": lambda v: v == c.QUOTA_DEFAULT or c.valid_namespace(v),
+    "max_bytes": lambda v: type(v) is int and v >= 0,
+    "max_objects": lambda v: type(v) is int and v >= 0,
 }
+
+def _check_fields(cls, values) -> None:
+    for name, field_value in zip(_FIELDS[cls], values):
+        if not _CHECKS.get(name, _is_int)(field_value):
+            raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
 
 
 def encode(command) -> bytes:
@@ -91,7 +100,5 @@ def _check(value):
     if len(value) != len(names) + 1:
         raise ValueError(f"command {cls.__name__}: expected {len(names)} fields, "
                          f"got {len(value) - 1}")
-    for name, field_value in zip(names, value[1:]):
-        if not _CHECKS.get(name, _is_int)(field_value):
-            raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
+    _check_fields(cls, value[1:])
     return cls(*value[1:])

@@ -133,3 +133,43 @@ class NodeUp:
 class NodeDown:
     """A node left or went silent past its TTL: its segments and their replicas are dropped."""
     node_id: int
+
+
+# Namespace quotas (wire/PROTOCOL.md 5.3, README "Quotas"). A namespace is what a client names
+# in hello; QUOTA_DEFAULT stands for every namespace with no quota of its own.
+QUOTA_DEFAULT = "*"
+_NAMESPACE_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                "0123456789._:/-")
+
+
+def valid_namespace(value) -> bool:
+    """A namespace a client may name: 1-255 characters of [A-Za-z0-9._:/-]."""
+    return (type(value) is str and 1 <= len(value) <= 255
+            and all(ch in _NAMESPACE_ALPHABET for ch in value))
+
+
+def reservation_name(namespace: str, connection_id: int, number: int) -> str:
+    """The key name of a reservation, under RESERVED_NAMESPACE: it carries the namespace of the
+    connection that holds it, which the reserved bytes count against ('#' is outside the
+    namespace alphabet, so the split is unambiguous)."""
+    return f"{namespace}#{connection_id}/{number}"
+
+
+def charged_namespace(key: ObjectKey) -> str:
+    """The namespace whose quota an object's or reservation's bytes count against."""
+    if key[0] == RESERVED_NAMESPACE:
+        namespace, sep, _ = key[1].partition("#")
+        return namespace if sep else RESERVED_NAMESPACE
+    return key[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SetQuota:
+    """Set a namespace's limits (QUOTA_DEFAULT: those of every namespace without its own).
+
+    0 = unlimited. Limits bound what new puts may add; what is stored stays (eviction takes
+    from a namespace over its quota first).
+    """
+    namespace: str
+    max_bytes: int
+    max_objects: int

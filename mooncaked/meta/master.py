@@ -155,6 +155,36 @@ class Master:
             self.access.pop(key, None)
         return len(selected)
 
+    # -- quotas -------------------------------------------------------------------------------
+
+    def set_quota(self, namespace: str, max_bytes: int | None, max_objects: int | None) -> None:
+        """Set a namespace's limits (None keeps the current one, 0 = unlimited)."""
+        self.propose(self.quota_command(namespace, max_bytes, max_objects))
+
+    def quota_command(self, namespace: str, max_bytes: int | None,
+                      max_objects: int | None) -> c.SetQuota:
+        current = self.state.quotas.get(namespace, (0, 0))
+        return c.SetQuota(namespace, current[0] if max_bytes is None else max_bytes,
+                          current[1] if max_objects is None else max_objects)
+
+    def quota_report(self) -> list[dict]:
+        """Every namespace with a quota of its own or something stored, and the default."""
+        state = self.state
+        names = [n for n in state.quotas if n != c.QUOTA_DEFAULT]
+        names += sorted(n for n in state.usage if n not in state.quotas)
+        default = state.quotas.get(c.QUOTA_DEFAULT, (0, 0))
+        report = [{"namespace": c.QUOTA_DEFAULT, "bytes": 0, "objects": 0,
+                   "max_bytes": default[0], "max_objects": default[1], "own_quota": True}]
+        for namespace in names:
+            usage = state.usage.get(namespace)
+            max_bytes, max_objects = state.quota_of(namespace)
+            report.append({"namespace": namespace,
+                           "bytes": usage.bytes if usage else 0,
+                           "objects": usage.objects if usage else 0,
+                           "max_bytes": max_bytes, "max_objects": max_objects,
+                           "own_quota": namespace in state.quotas})
+        return report
+
     # -- eviction and expiry ----------------------------------------------------------------
 
     def tick(self, now_ms: int) -> int:
@@ -185,8 +215,9 @@ class Master:
         """What one eviction run takes, oldest lease first.
 
         About `eviction_ratio` of the capacity (more when further over the watermark), never a
-        leased, being-written or hard-pinned object; soft-pinned objects are taken only in a
-        second pass, when the first freed less than the lower bound.
+        leased, being-written or hard-pinned object. Objects of namespaces over their quota
+        go first, until each is back within it; soft-pinned objects are taken only in a last
+        pass, when the others freed less than the lower bound.
         """
         state, config = self.state, self.config
         capacity = state.capacity_bytes()
@@ -201,11 +232,38 @@ class Master:
         target_bytes = max(int(target_ratio * capacity), need_bytes)
         lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
         chosen: list[c.ObjectKey] = []
-        freed = self._select(now_ms, chosen, target_bytes, over_objects, soft_pinned=False)
+        freed = self._select_over_quota(now_ms, chosen, target_bytes, over_objects)
+        freed += self._select(now_ms, chosen, target_bytes - freed, over_objects,
+                              soft_pinned=False)
         if freed < lower_bytes or len(chosen) < over_objects:
             self._select(now_ms, chosen, target_bytes - freed, over_objects - len(chosen),
                          soft_pinned=True)
         return chosen
+
+    def _select_over_quota(self, now_ms: int, chosen: list, want_bytes: int,
+                           want_objects: int) -> int:
+        """Oldest lease first, objects of namespaces over their quota, while each still is."""
+        excess = {ns: list(over) for ns, over in self.state.namespaces_over_quota().items()}
+        objects = self.state.objects
+        freed = 0
+        for key, lease_end in self.access.items():
+            if not excess or (freed >= want_bytes and len(chosen) >= want_objects):
+                break
+            rest = excess.get(key[0])
+            if rest is None or lease_end > now_ms:
+                continue
+            entry = objects.get(key)
+            if entry is None or entry.complete is None or entry.hard_pin \
+                    or entry.soft_pinned(now_ms):
+                continue
+            chosen.append(key)
+            size = entry.complete.size_bytes * len(entry.complete.replicas)
+            freed += size
+            rest[0] -= size
+            rest[1] -= 1
+            if rest[0] <= 0 and rest[1] <= 0:
+                del excess[key[0]]
+        return freed
 
     def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
                 soft_pinned: bool) -> int:

@@ -8,7 +8,10 @@ Invariants it keeps (checked by `check_invariants`, used by the tests):
 - no two live ranges overlap in a segment (the allocator's guarantee, never bypassed);
 - a pending (being written) version is never what readers see;
 - every range is owned by exactly one of: a complete version, a pending version, the deferred
-  release list; freeing happens only through `_release`.
+  release list; freeing happens only through `_release`;
+- `usage` is, per namespace, the sum over its objects' complete and pending versions of size x
+  replicas (reservations count against the namespace of the connection holding them) and the
+  number of its objects; quotas (`SetQuota`) bound what a put may add to it.
 """
 
 from __future__ import annotations
@@ -91,6 +94,23 @@ class ObjectEntry:
         return self.soft_pin_deadline_ms is not None and now_ms < self.soft_pin_deadline_ms
 
 
+class NamespaceUsage:
+    """What a namespace holds: value bytes x replicas of its complete and pending versions
+    (reservations included), and objects (keys with a version; reservations are none)."""
+    __slots__ = ("bytes", "objects")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.objects = 0
+
+
+UNLIMITED = (0, 0)
+
+
+def _version_bytes(version: Version | None) -> int:
+    return 0 if version is None else version.size_bytes * len(version.replicas)
+
+
 AllocatorFactory = Callable[[int, int, int], object]  # (size, alignment, max_allocations)
 
 
@@ -116,6 +136,11 @@ class StateMachine:
         self._deferred: list[tuple[int, int, list[Replica]]] = []
         self._deferred_seq = 0
         self.deferred_bytes = 0
+        # Replicated limits by namespace (c.QUOTA_DEFAULT: everyone else's), as
+        # (max_bytes, max_objects), 0 = unlimited; and what each namespace holds (derived from
+        # the objects, kept up to date on every path that adds or drops a version or a key).
+        self.quotas: dict[str, tuple[int, int]] = {}
+        self.usage: dict[str, NamespaceUsage] = {}
         self._apply = {
             c.MountSegment: self._mount_segment,
             c.UnmountSegment: self._unmount_segment,
@@ -128,6 +153,7 @@ class StateMachine:
             c.ReleaseExpired: self._release_expired,
             c.NodeUp: self._node_up,
             c.NodeDown: self._node_down,
+            c.SetQuota: self._set_quota,
         }
 
     def apply(self, command):
@@ -177,15 +203,17 @@ class StateMachine:
         for key, entry in list(self.objects.items()):
             for version in (entry.complete, entry.pending):
                 if version is not None:
+                    before = _version_bytes(version)
                     version.replicas = [r for r in version.replicas
                                         if r.segment_id != cmd.segment_id]
+                    self._charge(key, _version_bytes(version) - before)
             if entry.complete is not None and not entry.complete.replicas:
                 entry.complete = None
             if entry.pending is not None and not entry.pending.replicas:
                 entry.pending = None
                 self.pending_order.pop(key, None)
             if entry.complete is None and entry.pending is None:
-                del self.objects[key]
+                self._drop_object(key)
                 lost += 1
         kept = []
         for release_at, seq, replicas in self._deferred:
@@ -211,6 +239,12 @@ class StateMachine:
         if entry is None and len(self.objects) >= self.max_objects:
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
                                  f"the object table is full ({self.max_objects} objects)")
+        # Charged for the replicas asked (placement may land fewer, never more), less an
+        # unfinished write of the key that this one preempts.
+        preempted = _version_bytes(entry.pending) if entry is not None else 0
+        self._check_quota(key, cmd.size_bytes * min(cmd.replica_num, len(self.segment_list))
+                          - preempted,
+                          1 if entry is None and key[0] != c.RESERVED_NAMESPACE else 0)
         placed = place(self.segment_list, cmd.size_bytes, cmd.replica_num,
                        cmd.preferred_segments, self.allocation_strategy, cmd.seed)
         if not placed:
@@ -221,14 +255,16 @@ class StateMachine:
             # they are reused only after the release timeout, as in Mooncake Store.
             self._defer(entry.pending.replicas,
                         entry.pending.started_ms + self.release_timeout_ms)
+            self._charge(key, -preempted)
             entry.pending = None
             del self.pending_order[key]
         if entry is None:
             entry = ObjectEntry(cmd.hard_pin, cmd.now_ms)
-            self.objects[key] = entry
+            self._add_object(key, entry)
         replicas = [Replica(segment.segment_id, offset, handle)
                     for segment, offset, handle in placed]
         entry.pending = Version(cmd.size_bytes, replicas, cmd.writer_id, cmd.now_ms)
+        self._charge(key, _version_bytes(entry.pending))
         entry.soft_pin_ttl_ms = cmd.soft_pin_ttl_ms
         self.pending_order[key] = cmd.now_ms
         return replicas
@@ -250,6 +286,7 @@ class StateMachine:
         if replaced is not None:
             # The old bytes may be under a read lease; the master says until when.
             self._defer(replaced.replicas, cmd.replaced_release_at_ms)
+            self._charge(cmd.object_key, -_version_bytes(replaced))
         entry.complete, entry.pending = entry.pending, None
         del self.pending_order[cmd.object_key]
         if entry.soft_pin_ttl_ms is not None:
@@ -275,38 +312,51 @@ class StateMachine:
             if cmd.now_ms - entry.pending.started_ms < self.discard_timeout_ms:
                 raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS,
                                      "the key is being written")
+        # The reserved bytes already count against the namespace that reserved them; they
+        # move if the key's namespace is another. A preempted stale put of the key stops
+        # counting.
+        moved = 0 if c.charged_namespace(key) == c.charged_namespace(cmd.reserved_key) \
+            else _version_bytes(version)
+        self._check_quota(key, moved - (_version_bytes(entry.pending) if entry else 0),
+                          1 if entry is None else 0)
+        if entry is not None:
             # A stale unfinished put of the key is preempted, as by PutStart; its writer may
             # still be copying, so its ranges wait for the release timeout.
             self._defer(entry.pending.replicas,
                         entry.pending.started_ms + self.release_timeout_ms)
+            self._charge(key, -_version_bytes(entry.pending))
             del self.pending_order[key]
-            del self.objects[key]
+            self._drop_object(key)
         del self.pending_order[cmd.reserved_key]
-        del self.objects[cmd.reserved_key]
+        self._charge(cmd.reserved_key, -_version_bytes(version))
+        self._drop_object(cmd.reserved_key)
         committed = ObjectEntry(cmd.hard_pin, cmd.now_ms)
         committed.complete = Version(version.size_bytes, version.replicas, cmd.writer_id,
                                      cmd.now_ms)
         if cmd.soft_pin_ttl_ms is not None:
             committed.soft_pin_deadline_ms = cmd.now_ms + cmd.soft_pin_ttl_ms
-        self.objects[key] = committed
+        self._add_object(key, committed)
+        self._charge(key, _version_bytes(committed.complete))
 
     def _put_revoke(self, cmd: c.PutRevoke) -> None:
         entry = self._owned_pending(cmd.object_key, cmd.writer_id)
         if cmd.release_at_ms:
             self._defer(entry.pending.replicas, cmd.release_at_ms)
+            self._charge(cmd.object_key, -_version_bytes(entry.pending))
             entry.pending = None
             del self.pending_order[cmd.object_key]
             if entry.complete is None:
-                del self.objects[cmd.object_key]
+                self._drop_object(cmd.object_key)
             return
         self._drop_pending(cmd.object_key, entry)
 
     def _drop_pending(self, key: c.ObjectKey, entry: ObjectEntry) -> None:
         self._release(entry.pending.replicas)
+        self._charge(key, -_version_bytes(entry.pending))
         entry.pending = None
         del self.pending_order[key]
         if entry.complete is None:
-            del self.objects[key]
+            self._drop_object(key)
 
     # -- removal ----------------------------------------------------------------------------
 
@@ -318,13 +368,15 @@ class StateMachine:
             raise MooncakedError(ErrorCode.REPLICA_IS_NOT_READY, "the object is being written")
         removed = entry.complete
         self._defer(removed.replicas, cmd.release_at_ms)
+        self._charge(cmd.object_key, -_version_bytes(removed))
         if entry.pending is not None:
             # An upsert in flight loses its key too. Its writer may still be copying into its
             # ranges, so they are reused only after the release timeout, as when preempted.
             self._defer(entry.pending.replicas,
                         entry.pending.started_ms + self.release_timeout_ms)
+            self._charge(cmd.object_key, -_version_bytes(entry.pending))
             del self.pending_order[cmd.object_key]
-        del self.objects[cmd.object_key]
+        self._drop_object(cmd.object_key)
         return removed
 
     def _evict(self, cmd: c.Evict) -> int:
@@ -335,9 +387,10 @@ class StateMachine:
             if entry is None or entry.complete is None:
                 continue
             freed += self._release(entry.complete.replicas)
+            self._charge(key, -_version_bytes(entry.complete))
             entry.complete = None
             if entry.pending is None:
-                del self.objects[key]
+                self._drop_object(key)
         return freed
 
     def _release_expired(self, cmd: c.ReleaseExpired) -> int:
@@ -356,6 +409,95 @@ class StateMachine:
             self.deferred_bytes -= self._release(replicas)
             released += 1
         return released
+
+    # -- quotas -------------------------------------------------------------------------------
+
+    def _set_quota(self, cmd: c.SetQuota) -> None:
+        if not (cmd.namespace == c.QUOTA_DEFAULT or c.valid_namespace(cmd.namespace)):
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"{cmd.namespace!r:.80} is not a namespace (1-255 characters "
+                                 f"of [A-Za-z0-9._:/-]) nor {c.QUOTA_DEFAULT!r}")
+        for name in ("max_bytes", "max_objects"):
+            value = getattr(cmd, name)
+            if type(value) is not int or value < 0:
+                raise MooncakedError(ErrorCode.INVALID_PARAMS, f"{name} must be an int >= 0")
+        self.quotas[cmd.namespace] = (cmd.max_bytes, cmd.max_objects)
+
+    def quota_of(self, namespace: str) -> tuple[int, int]:
+        """(max_bytes, max_objects) that apply to a namespace; 0 = unlimited."""
+        if namespace == c.RESERVED_NAMESPACE:
+            return UNLIMITED
+        quota = self.quotas.get(namespace)
+        if quota is None:
+            quota = self.quotas.get(c.QUOTA_DEFAULT, UNLIMITED)
+        return quota
+
+    def _check_quota(self, key: c.ObjectKey, add_bytes: int, add_objects: int) -> None:
+        """QUOTA_EXCEEDED if adding this much would take the key's namespace over a limit."""
+        namespace = c.charged_namespace(key)
+        max_bytes, max_objects = self.quota_of(namespace)
+        if not max_bytes and not max_objects:
+            return
+        usage = self.usage.get(namespace) or NamespaceUsage()
+        if max_bytes and add_bytes > 0 and usage.bytes + add_bytes > max_bytes:
+            raise MooncakedError(ErrorCode.QUOTA_EXCEEDED,
+                                 f"namespace {namespace!r} holds {usage.bytes} bytes; "
+                                 f"{add_bytes} more would pass its quota of {max_bytes} bytes")
+        if max_objects and add_objects > 0 and usage.objects + add_objects > max_objects:
+            raise MooncakedError(ErrorCode.QUOTA_EXCEEDED,
+                                 f"namespace {namespace!r} holds {usage.objects} objects, its "
+                                 f"quota is {max_objects} objects")
+
+    def _charge(self, key: c.ObjectKey, delta_bytes: int) -> None:
+        if delta_bytes:
+            self._usage_of(c.charged_namespace(key)).bytes += delta_bytes
+            self._forget_empty(c.charged_namespace(key))
+
+    def _add_object(self, key: c.ObjectKey, entry: ObjectEntry) -> None:
+        self.objects[key] = entry
+        if key[0] != c.RESERVED_NAMESPACE:
+            self._usage_of(key[0]).objects += 1
+
+    def _drop_object(self, key: c.ObjectKey) -> None:
+        del self.objects[key]
+        if key[0] != c.RESERVED_NAMESPACE:
+            self._usage_of(key[0]).objects -= 1
+            self._forget_empty(key[0])
+
+    def _usage_of(self, namespace: str) -> NamespaceUsage:
+        usage = self.usage.get(namespace)
+        if usage is None:
+            usage = self.usage[namespace] = NamespaceUsage()
+        return usage
+
+    def _forget_empty(self, namespace: str) -> None:
+        usage = self.usage.get(namespace)
+        if usage is not None and usage.bytes == 0 and usage.objects == 0:
+            del self.usage[namespace]
+
+    def count_usage(self) -> dict[str, tuple[int, int]]:
+        """Usage recounted from the objects, {namespace: (bytes, objects)} (what `usage` must
+        equal; restore rebuilds it with this)."""
+        counted: dict[str, list[int]] = {}
+        for key, entry in self.objects.items():
+            namespace = c.charged_namespace(key)
+            row = counted.setdefault(namespace, [0, 0])
+            row[0] += _version_bytes(entry.complete) + _version_bytes(entry.pending)
+            if key[0] != c.RESERVED_NAMESPACE:
+                row[1] += 1
+        return {ns: (b, o) for ns, (b, o) in counted.items() if b or o}
+
+    def namespaces_over_quota(self) -> dict[str, tuple[int, int]]:
+        """{namespace: (bytes over, objects over)} for every namespace above a limit (a quota
+        lowered below what the namespace holds)."""
+        over = {}
+        for namespace, usage in self.usage.items():
+            max_bytes, max_objects = self.quota_of(namespace)
+            bytes_over = usage.bytes - max_bytes if max_bytes else 0
+            objects_over = usage.objects - max_objects if max_objects else 0
+            if bytes_over > 0 or objects_over > 0:
+                over[namespace] = (max(0, bytes_over), max(0, objects_over))
+        return over
 
     # -- ranges -----------------------------------------------------------------------------
 
@@ -421,6 +563,8 @@ class StateMachine:
             for (_, end), (start, _) in zip(spans, spans[1:]):
                 assert end <= start, f"overlapping ranges in segment {segment_id}"
             assert allocator.used_bytes == sum(e - s for s, e in spans)
+        usage = {ns: (u.bytes, u.objects) for ns, u in self.usage.items()}
+        assert usage == self.count_usage(), (usage, self.count_usage())
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -430,7 +574,8 @@ class StateMachine:
         Holds everything later commands depend on, in the orders they are iterated in:
         segments with their allocators' exact internal state (OffsetAllocator.dump), nodes,
         objects with both versions and pins, the pending order, the deferred heap as laid out,
-        its sequence counter and byte count, and the clock. The config values are recorded
+        its sequence counter and byte count, the clock, and the namespace quotas (usage is
+        derived from the objects, and recounted by `restore`). The config values are recorded
         too (restore keeps the instance's own). The same state always gives the same bytes.
         """
         def replicas(rs):
@@ -442,7 +587,7 @@ class StateMachine:
             return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas)]
 
         state = {
-            "format": 1,
+            "format": 2,
             "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
                        self.allocation_strategy],
             "clock_ms": self.clock_ms,
@@ -459,6 +604,8 @@ class StateMachine:
             "deferred": [[release_at, seq, replicas(rs)] for release_at, seq, rs in self._deferred],
             "deferred_seq": self._deferred_seq,
             "deferred_bytes": self.deferred_bytes,
+            "quotas": [[ns, max_bytes, max_objects]
+                       for ns, (max_bytes, max_objects) in self.quotas.items()],
         }
         return msgpack.packb(state, use_bin_type=True)
 
@@ -513,8 +660,11 @@ class StateMachine:
         fields = ("format", "config", "clock_ms", "segments", "segment_list", "nodes", "objects",
                   "pending_order", "deferred", "deferred_seq", "deferred_bytes")
         need(type(top) is dict, "not a map")
-        need(top.get("format") == 1 and type(top.get("format")) is int,
+        # Format 1 is format 2 without quotas (snapshots taken before quotas existed).
+        need(top.get("format") in (1, 2) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
+        if top["format"] == 2:
+            fields += ("quotas",)
         need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
         config = row(top["config"], 4, "config")
         need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
@@ -609,6 +759,15 @@ class StateMachine:
         for i in range(1, len(deferred)):
             need(deferred[(i - 1) // 2][:2] <= deferred[i][:2], "deferred is not a heap")
 
+        quotas: dict[str, tuple[int, int]] = {}
+        for item in seq_of(top.get("quotas", ()), "quotas"):
+            ns, max_bytes, max_objects = row(item, 3, "quota")
+            need((ns == c.QUOTA_DEFAULT or c.valid_namespace(ns)) and is_int(max_bytes)
+                 and max_bytes >= 0 and is_int(max_objects) and max_objects >= 0,
+                 f"bad quota {item!r:.80}")
+            need(ns not in quotas, f"quota of {ns!r:.60} twice")
+            quotas[ns] = (max_bytes, max_objects)
+
         for sid, ranges in owned.items():
             allocator = segments[sid].allocator
             need(allocator.allocation_count == len(ranges),
@@ -635,3 +794,9 @@ class StateMachine:
         self._deferred_seq = top["deferred_seq"]
         self.deferred_bytes = top["deferred_bytes"]
         self.clock_ms = top["clock_ms"]
+        self.quotas.clear()
+        self.quotas.update(quotas)
+        self.usage.clear()
+        for ns, (used_bytes, used_objects) in self.count_usage().items():
+            usage = self._usage_of(ns)
+            usage.bytes, usage.objects = used_bytes, used_objects
