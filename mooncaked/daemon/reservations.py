@@ -61,9 +61,10 @@ class Reservations:
                 if conn.reserved_bytes + size_bytes > self.max_bytes_per_connection:
                     break
                 key = (commands.RESERVED_NAMESPACE, f"{conn.connection_id}/{next(self._names)}")
-                try:
+                try:  # in the pool of the connection's namespace, which it maps
                     replicas = master.put_start(key, size_bytes, _ONE_REPLICA, False,
-                                                conn.connection_id, now_ms)
+                                                conn.connection_id, now_ms,
+                                                owner_namespace=conn.namespace)
                 except MooncakedError:
                     break  # no space (after eviction) or the object table is full
                 replica = replicas[0]
