@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import socket
 import tomllib
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ class ServerConfig:
     busy_poll_us: int = _key(0, 0, 10_000, unit="us",
                              doc="io_uring loop: poll for completions this long before "
                              "sleeping; for a daemon with CPUs of its own")
+    fd_token_ttl_ms: int = _key(10_000, 1, 600_000, unit="ms",
+                                doc="a segment token from hello must be redeemed for the "
+                                "segment's file descriptor within this time")
 
 
 @dataclass(frozen=True)
@@ -76,13 +80,21 @@ class SegmentsConfig:
     max_allocations: int = _key(1 << 20, 1, 1 << 28, doc="live allocations per segment at most")
     shm_dir: str = _key("/dev/shm", doc="directory of the segments' shared-memory files")
     shm_mode: int = _key(0o600, 0, 0o777, octal=True,
-                         doc="permission bits of the segment files (octal)")
+                         doc="permission bits of the segment files (octal); never for "
+                         "other users")
     numa_node: int = _key(-1, -1, 1023, doc="NUMA node the segments' pages are bound to; "
                           "-1 = the kernel's default policy")
     huge_pages: str = _key("off", choices=("off", "transparent", "hugetlbfs"),
                            doc="off; transparent = madvise(MADV_HUGEPAGE); hugetlbfs = shm_dir "
                            "is a hugetlbfs mount")
     prefault: bool = _key(False, doc="touch every page at start, so no request pays a page fault")
+    share_with_local_clients: bool = _key(
+        True, doc="local clients of namespaces without a pool of their own may map the shared "
+        "segments; false = their values go through the socket")
+    namespace_pools: str = _key(
+        "", doc="namespaces with a memory pool of their own, comma-separated name=size_bytes: "
+        "one memfd segment each, holding that namespace's objects alone, mapped only by its "
+        "clients; empty = none")
 
 
 @dataclass(frozen=True)
@@ -348,8 +360,39 @@ def _namespaces(value: Any, path: str) -> dict[str, NamespaceQuotaConfig]:
     return quotas
 
 
+NAMESPACE_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
+
+
+def parse_namespace_pools(text: str, minimum_bytes: int = 4096) -> dict[str, int]:
+    """`a=1073741824,b=536870912` -> {"a": 1073741824, ...}; ValueError when malformed."""
+    pools: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, size = (part.strip() for part in item.partition("="))
+        if not equals or not NAMESPACE_NAME.fullmatch(name) or not size.isdigit():
+            raise ValueError(f"{item!r} is not namespace=size_bytes")
+        if name in pools:
+            raise ValueError(f"namespace {name!r} is named twice")
+        if not minimum_bytes <= int(size) <= 1 << 40:
+            raise ValueError(f"{item!r}: size_bytes must be {minimum_bytes}-{1 << 40}")
+        pools[name] = int(size)
+    return pools
+
+
 def _check_relations(config: Config, path: str) -> None:
     segments, store = config.segments, config.store
+    if segments.shm_mode & 0o007:
+        raise ConfigError(f"{path}: [segments] shm_mode = 0o{segments.shm_mode:o} gives other "
+                          "users access to the segment files (every namespace's values); "
+                          "use 0o600, or 0o660 for clients in the daemon's group")
+    try:
+        pools = parse_namespace_pools(segments.namespace_pools,
+                                      max(4096, segments.alignment_bytes))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [segments] namespace_pools: {exc}") from None
+    if pools and config.cluster.enabled:
+        raise ConfigError(f"{path}: [segments] namespace_pools is not supported with "
+                          "[cluster] enabled (a cluster moves values through the socket); "
+                          "leave it empty")
     if segments.alignment_bytes & (segments.alignment_bytes - 1):
         raise ConfigError(f"{path}: [segments] alignment_bytes = {segments.alignment_bytes} "
                           "must be a power of two")

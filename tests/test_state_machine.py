@@ -385,3 +385,87 @@ def test_put_commit_codec_round_trip_and_checks():
             codec.decode(msgpack.packb(broken))
     with pytest.raises(ValueError):
         codec.decode(msgpack.packb(bad[:-1]))
+
+
+# -- namespace pools ------------------------------------------------------------------------------
+
+def pooled_master() -> Master:
+    """Two shared segments (0, 1) and a pool of namespace "a" (segment 2)."""
+    master = new_master(capacity=64 * 1024, segments=2)
+    master.state.apply(c.MountSegment(2, "pool-a", "node", 64 * 1024, 64, 1024, "a"))
+    return master
+
+
+def test_objects_lie_in_their_namespaces_pool():
+    master = pooled_master()
+    state = master.state
+    assert state.pool_of("a") == "a" and state.pool_of("b") == c.SHARED_POOL
+    for i in range(20):
+        for namespace in ("a", "b"):
+            replicas = master.put_start((namespace, f"k{i}"), 512,
+                                        ReplicateConfig(replica_num=3), False, 1, i)
+            ids = {r.segment_id for r in replicas}
+            # preferred segments of another pool are ignored, replica_num is best effort
+            assert ids == {2} if namespace == "a" else ids <= {0, 1}
+            master.put_end((namespace, f"k{i}"), 1, i)
+    reserved = master.put_start((c.RESERVED_NAMESPACE, "1/1"), 64, ReplicateConfig(), False,
+                                1, 50, owner_namespace="a")
+    assert [r.segment_id for r in reserved] == [2]
+    state.check_invariants()
+
+
+def test_a_reservation_commits_only_into_its_pool():
+    master = pooled_master()
+    master.put_start((c.RESERVED_NAMESPACE, "1/1"), 64, ReplicateConfig(), False, 1, 0,
+                     owner_namespace="b")
+    with pytest.raises(MooncakedError) as info:
+        master.put_commit((c.RESERVED_NAMESPACE, "1/1"), ("a", "k"), 64, ReplicateConfig(), 1, 1)
+    assert info.value.code == ErrorCode.INVALID_WRITE
+    assert master.state.readable(("a", "k")) is None
+    master.put_commit((c.RESERVED_NAMESPACE, "1/1"), ("b", "k"), 64, ReplicateConfig(), 1, 1)
+    master.state.check_invariants()
+
+
+def test_eviction_for_a_full_pool_takes_only_that_pools_objects():
+    master = pooled_master()
+    for i in range(8):
+        master.put_start(("b", f"k{i}"), 4096, ReplicateConfig(), False, 1, i)
+        master.put_end(("b", f"k{i}"), 1, i)
+    for i in range(64):  # four times the pool
+        master.put_start(("a", f"k{i}"), 4096, ReplicateConfig(), False, 1, 1000 + i)
+        master.put_end(("a", f"k{i}"), 1, 1000 + i)
+    assert all(master.state.readable(("b", f"k{i}")) for i in range(8))
+    master.tick(10_000)
+    assert all(master.state.readable(("b", f"k{i}")) for i in range(8))
+    master.state.check_invariants()
+
+
+def test_pools_survive_a_snapshot_and_old_snapshots_load():
+    master = pooled_master()
+    master.put_start(("a", "k"), 64, ReplicateConfig(), False, 1, 0)
+    data = master.state.snapshot()
+    copy = new_master(segments=0).state
+    copy.restore(data)
+    assert copy.segments[2].pool_namespace == "a" and copy.pool_of("a") == "a"
+    assert copy.digest() == master.state.digest()
+    top = msgpack.unpackb(data)
+    top["segments"] = [row[:6] for row in top["segments"] if row[6] == ""]
+    top["segment_list"] = [0, 1]
+    top["objects"], top["pending_order"] = [], []
+    old = new_master(segments=0).state
+    old.restore(msgpack.packb(top, use_bin_type=True))
+    assert old.pool_namespaces == set() and len(old.segment_list) == 2
+
+
+def test_commands_written_before_pools_decode_with_the_shared_pool():
+    mount = c.MountSegment(3, "s", "n", 4096, 64, 8, "tenant")
+    assert codec.decode(codec.encode(mount)) == mount
+    fields = msgpack.unpackb(codec.encode(mount))
+    assert codec.decode(msgpack.packb(fields[:-1])) == c.MountSegment(3, "s", "n", 4096, 64, 8)
+    put = c.PutStart(("ns", "k"), 1, 1, (), None, False, False, 1, 2, 3, "owner")
+    assert codec.decode(codec.encode(put)) == put
+    fields = msgpack.unpackb(codec.encode(put))
+    assert codec.decode(msgpack.packb(fields[:-1])).owner_namespace is None
+    for broken in (fields[:-2], fields[:-1] + [7], fields + ["x"]):
+        with pytest.raises(ValueError):
+            codec.decode(msgpack.packb(broken))

@@ -144,7 +144,8 @@ class Client:
         try:
             client.server = await client._run(calls.hello(namespace, client_name))
             if map_segments and client.server.get("segments"):
-                client.segments = SharedSegments(client.server["segments"])
+                client.segments = SharedSegments(client.server["segments"],
+                                                 client.server.get("fd_socket", ""))
             if client.server.get("max_reserved_bytes"):
                 client.reservation_stock = ReservationStock(
                     client.server["max_reserved_bytes"], client.server["reservation_ttl_ms"])

@@ -122,7 +122,7 @@ class ClientPool(BlockingCalls):
 
     def _share_segments(self, connection: BlockingClient) -> None:
         server = connection.server
-        key = (server.get("pid"), tuple((s["id"], s["shm_path"], s["size_bytes"])
+        key = (server.get("pid"), tuple((s["id"], s.get("shm_path", ""), s["size_bytes"])
                                         for s in server.get("segments") or ()))
         with self._lock:
             first = not self.server
@@ -133,7 +133,8 @@ class ClientPool(BlockingCalls):
             if self._map_segments and key[1] and key != self._segments_key:
                 if self.segments is not None:
                     self._old_segments.append(self.segments)
-                self.segments = SharedSegments(server["segments"])
+                self.segments = SharedSegments(server["segments"],
+                                               server.get("fd_socket", ""))
                 self._segments_key = key
             connection.use_segments(self.segments if key == self._segments_key else None)
 

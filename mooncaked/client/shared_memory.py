@@ -1,21 +1,55 @@
 """A local client's view of the daemon's segments (wire/PROTOCOL.md section 5.2).
 
-The daemon's segments are shared-memory files; a client on the same node maps them and moves
-values with one memcpy (GIL released) between its own buffers and segment memory.
+`hello` lists the segments this connection may map, each with a one-time `fd_token`; the
+client trades each token for the segment's file descriptor on the daemon's fd socket
+(SCM_RIGHTS), maps it, and moves values with one memcpy (GIL released) between its own
+buffers and segment memory. A description without a token (a daemon before fd handover) is
+opened by its `shm_path`.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import socket
 import threading
 
 from mooncaked._native import buffer_address, copy_memory
 from mooncaked.errors import ErrorCode, error_for
 
 
+FD_GRANTED = 0
+MAX_REFUSAL_BYTES = 256
+
+
+def receive_segment_fd(fd_socket: str, token: bytes, timeout_s: float | None = 30.0) -> int:
+    """Trade a segment token from hello for the segment's file descriptor."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(fd_socket)
+        sock.sendall(token)
+        message, fds, _, _ = socket.recv_fds(sock, MAX_REFUSAL_BYTES, 1)
+        if message[:1] == bytes([FD_GRANTED]) and len(fds) == 1:
+            return fds[0]
+        for fd in fds:
+            os.close(fd)
+        while message[:1] and len(message) < MAX_REFUSAL_BYTES:  # the reason, up to EOF
+            more = sock.recv(MAX_REFUSAL_BYTES - len(message))
+            if not more:
+                break
+            message += more
+    reason = message[1:].decode(errors="replace") or "no answer"
+    raise error_for(ErrorCode.SEGMENT_NOT_FOUND, f"the daemon refused the segment: {reason}")
+
+
+def _open_segment(segment: dict, fd_socket: str) -> int:
+    if segment.get("fd_token") is not None and fd_socket:
+        return receive_segment_fd(fd_socket, segment["fd_token"])
+    return os.open(segment["shm_path"], os.O_RDWR | os.O_CLOEXEC)
+
+
 class SharedSegments:
-    def __init__(self, descriptions: list[dict]) -> None:
+    def __init__(self, descriptions: list[dict], fd_socket: str = "") -> None:
         self._maps: dict[int, mmap.mmap] = {}
         self._bases: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
@@ -25,7 +59,7 @@ class SharedSegments:
                 # A prefaulted segment's pages all exist: map them all now, so copies take no
                 # page faults (without it, every first touch of a 4 KiB page faults).
                 flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if segment.get("prefaulted") else 0)
-                fd = os.open(segment["shm_path"], os.O_RDWR)
+                fd = _open_segment(segment, fd_socket)
                 try:
                     mapped = mmap.mmap(fd, segment["size_bytes"], flags,
                                        mmap.PROT_READ | mmap.PROT_WRITE)

@@ -68,6 +68,10 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         # (segment_id, offset) pairs, and the sum of their sizes.
         self.reservations: set = set()
         self.reserved_bytes = 0
+        # The segments this connection may map (set by hello, daemon.mappable_segments): every
+        # shared-memory request is checked against them. The client's pid, for fd tokens.
+        self.mappable_segments: frozenset = frozenset()
+        self.peer_pid = 0
         self._init_scratch()
         # The request whose payload is being received.
         self._incoming: Incoming | None = None

@@ -12,6 +12,7 @@ from typing import Any
 from mooncaked import __version__
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.daemon.connection import Incoming, Reply
+from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.meta.commands import QUOTA_DEFAULT, RESERVED_NAMESPACE
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.proto import framing
@@ -138,9 +139,10 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
     client_name = options.get("client_name", "")
     if type(client_name) is not str:
         raise _invalid("client_name must be a str")
+    daemon = conn.daemon
     conn.namespace = namespace
     conn.client_name = client_name[:255]
-    daemon = conn.daemon
+    _give_segments(conn)
     return Reply({
         "protocol": framing.PROTOCOL_VERSION,
         "server_version": __version__,
@@ -152,10 +154,19 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
         "max_key_bytes": daemon.max_key_bytes,
         "max_batch_keys": daemon.max_batch_keys,
         "lease_ttl_ms": daemon.config.store.lease_ttl_ms,
-        "segments": daemon.segment_descriptions() if conn.transport_kind == "unix" else [],
+        "segments": daemon.segment_descriptions(conn),
+        "fd_socket": daemon.fd_handover.path if conn.mappable_segments else "",
         "max_reserved_bytes": daemon.max_reserved_bytes(conn),
         "reservation_ttl_ms": daemon.config.store.put_start_release_timeout_ms,
     })
+
+
+def _give_segments(conn) -> None:
+    """Decide what the connection may map (once: a second hello is refused)."""
+    daemon = conn.daemon
+    conn.mappable_segments = daemon.mappable_segments(conn)
+    if conn.mappable_segments and not conn.peer_pid:
+        conn.peer_pid = peer_pid(conn.transport.get_extra_info("socket"))
 
 
 def handle_ping(conn, params: list, payload_length: int) -> Reply:
@@ -344,8 +355,11 @@ def _start_shared_put(conn, key, size: int, config: ReplicateConfig) -> list[int
         raise MooncakedError(ErrorCode.BUSY, "too many puts in progress")
     replicas = daemon.master.put_start(key, size, config, False, conn.connection_id,
                                        daemon.now_ms())
-    conn.puts_in_progress[key] = (replicas, size)
     first = replicas[0]
+    if first.segment_id not in conn.mappable_segments:  # placement keeps pools apart
+        daemon.master.put_revoke(key, conn.connection_id)
+        _require_mappable(conn, first.segment_id)
+    conn.puts_in_progress[key] = (replicas, size)
     return [first.segment_id, first.offset]
 
 
@@ -364,9 +378,20 @@ def _revoke_shared_put(conn, key) -> None:
 
 
 def _require_unix(conn) -> None:
+    """Shared-memory calls need segments the connection may map (daemon.mappable_segments)."""
     if conn.transport_kind != "unix":
         raise MooncakedError(ErrorCode.NOT_SUPPORTED,
                              "shared-memory transfers need the Unix socket")
+    if not conn.mappable_segments:
+        raise MooncakedError(ErrorCode.NOT_SUPPORTED,
+                             f"no segment memory is shared with namespace {conn.namespace!r} "
+                             "([segments] share_with_local_clients is false and it has no "
+                             "pool): send values through the socket")
+
+
+def _require_mappable(conn, segment_id: int, code: int = ErrorCode.SEGMENT_NOT_FOUND) -> None:
+    if segment_id not in conn.mappable_segments:
+        raise MooncakedError(code, f"segment {segment_id} is not one this connection may map")
 
 
 def handle_put_start(conn, params: list, payload_length: int) -> Reply:
@@ -495,6 +520,8 @@ def handle_put_commit(conn, params: list, payload_length: int) -> Reply:
     reservations = daemon.reservations
     now_ms = daemon.now_ms()
     reservations.release(conn, release)
+    # Before the reservation table, so nothing is told about another namespace's ranges.
+    _require_mappable(conn, segment_id, ErrorCode.INVALID_WRITE)
     stored = reservations.commit(conn, key, segment_id, offset, size, config, now_ms)
     return Reply([stored, reservations.grant(conn, wanted, now_ms)])
 
@@ -520,6 +547,7 @@ def handle_batch_put_commit(conn, params: list, payload_length: int) -> Reply:
     codes = []
     for key, (segment_id, offset, size) in zip(keys, ranges):
         try:
+            _require_mappable(conn, segment_id, ErrorCode.INVALID_WRITE)
             stored = reservations.commit(conn, key, segment_id, offset, size, config, now_ms)
             codes.append(0 if stored else 1)
         except MooncakedError as exc:
@@ -530,6 +558,7 @@ def handle_batch_put_commit(conn, params: list, payload_length: int) -> Reply:
 def _replica_location(conn, key, now_ms: int) -> list[int]:
     version = _leased_version(conn, key, now_ms)
     replica = conn.daemon.local_replica(version)
+    _require_mappable(conn, replica.segment_id)
     return [replica.segment_id, replica.offset, version.size_bytes]
 
 

@@ -25,6 +25,7 @@ from mooncaked import config as config_module
 from mooncaked._native import OffsetAllocator
 from mooncaked.daemon import handlers
 from mooncaked.daemon.connection import Connection
+from mooncaked.daemon.fd_handover import FdHandover
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
 from mooncaked.daemon.reservations import Reservations
 from mooncaked.daemon.sdnotify import Notifier
@@ -81,6 +82,9 @@ class Daemon:
             for namespace, quota in config.namespaces.items():
                 self.master.set_quota(namespace, quota.max_bytes, quota.max_objects)
         self.memory: dict[int, SegmentMemory] = {}
+        self.shared_segment_ids: list[int] = []
+        self.pool_segment_ids: dict[str, list[int]] = {}  # namespace -> its pool's segments
+        self.fd_handover: FdHandover | None = None
         self._connection_ids = 0
         self._servers: list[asyncio.AbstractServer] = []
         self._metrics: MetricsServer | None = None
@@ -110,11 +114,25 @@ class Daemon:
                                    segments.shm_mode, segments.numa_node,
                                    segments.huge_pages, segments.prefault)
             self.memory[segment_id] = memory
+            self.shared_segment_ids.append(segment_id)
             if clustered:
                 continue
             self.master.propose(commands.MountSegment(
                 segment_id, f"{self.node_name}/{segment_id}", self.node_name,
                 segments.size_bytes, segments.alignment_bytes, segments.max_allocations))
+        # Namespace pools (refused with [cluster] enabled by the config check): one memfd
+        # segment each, after the shared ones.
+        pools = config_module.parse_namespace_pools(segments.namespace_pools)
+        for namespace, size_bytes in pools.items():
+            segment_id = len(self.memory)
+            self.memory[segment_id] = SegmentMemory(
+                segment_id, segments.shm_dir, size_bytes, segments.shm_mode,
+                segments.numa_node, segments.huge_pages, segments.prefault,
+                memfd_name=namespace)
+            self.pool_segment_ids[namespace] = [segment_id]
+            self.master.propose(commands.MountSegment(
+                segment_id, f"{self.node_name}/pool/{namespace}", self.node_name, size_bytes,
+                segments.alignment_bytes, segments.max_allocations, namespace))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -130,6 +148,11 @@ class Daemon:
         self._servers.append(tcp)
         if server.unix_socket:
             self._servers.append(await self._listen_unix(loop, server.unix_socket))
+            if self.cluster is None and not self.config.cluster.enabled:
+                self.fd_handover = FdHandover(server.unix_socket + ".fd",
+                                              server.fd_token_ttl_ms, self._segment_fd,
+                                              server.max_connections)
+                self.fd_handover.start()
         if self.config.cluster.enabled:
             from mooncaked.cluster.service import ClusterService
             from mooncaked.daemon import cluster_handlers
@@ -199,6 +222,8 @@ class Daemon:
                 released = self.master.tick(self.now_ms())
                 if released and self.reservations:
                     self.reservations.forget_released(self.connections)
+            if self.fd_handover is not None:
+                self.fd_handover.prune()
         except Exception:
             log.exception("sweep failed")
         if self._notifier.enabled:
@@ -207,6 +232,11 @@ class Daemon:
                 self._last_status = line
                 self._notifier.notify(STATUS=line)
         self._schedule_sweep()
+
+    def _segment_fd(self, segment_id: int) -> int | None:
+        """The open fd of a segment's memory (called by the fd handover's threads)."""
+        memory = self.memory.get(segment_id)
+        return memory.fd if memory is not None and memory.fd >= 0 else None
 
     def next_connection_id(self) -> int:
         self._connection_ids += 1
@@ -233,6 +263,8 @@ class Daemon:
         conn.puts_in_progress.clear()
         if conn.reservations:
             self.reservations.release_all(conn)
+        if self.fd_handover is not None and conn.mappable_segments:
+            self.fd_handover.forget_connection(conn.connection_id)
         if self.draining and not self.connections:
             self._drained.set()
 
@@ -246,9 +278,23 @@ class Daemon:
 
     def max_reserved_bytes(self, conn: Connection) -> int:
         """What a connection may hold reserved: 0 where shared memory is not offered."""
-        if conn.transport_kind != "unix" or self.cluster is not None:
+        if not conn.mappable_segments:
             return 0
         return self.config.server.max_reserved_bytes_per_connection
+
+    def mappable_segments(self, conn: Connection) -> frozenset[int]:
+        """The segments a connection may map: those holding its namespace's objects, over the
+        Unix socket, single node. A namespace with a pool gets that pool and nothing else;
+        one without gets the shared segments if `share_with_local_clients`, else nothing."""
+        if conn.transport_kind != "unix" or self.cluster is not None \
+                or self.fd_handover is None:
+            return frozenset()
+        pool = self.master.state.pool_of(conn.namespace)
+        if pool:
+            return frozenset(self.pool_segment_ids.get(pool, ()))
+        if self.config.segments.share_with_local_clients:
+            return frozenset(self.shared_segment_ids)
+        return frozenset()
 
     # -- data -------------------------------------------------------------------------------
 
@@ -274,13 +320,22 @@ class Daemon:
 
     # -- reports ----------------------------------------------------------------------------
 
-    def segment_descriptions(self) -> list[dict]:
+    def segment_descriptions(self, conn: Connection) -> list[dict]:
+        """hello's `segments` for a connection: what it may map, each with a one-time token
+        for its file descriptor (and the file's path, for a shared segment)."""
         prefaulted = self.config.segments.prefault
-        if self.cluster is not None:
-            return []  # values move through the socket: replicas may be on other nodes
-        return [{"id": s.segment_id, "name": s.name, "size_bytes": s.size_bytes,
-                 "shm_path": self.memory[s.segment_id].path, "prefaulted": prefaulted}
-                for s in self.master.state.segment_list]
+        descriptions = []
+        for segment_id in sorted(conn.mappable_segments):
+            segment = self.master.state.segments[segment_id]
+            description = {"id": segment_id, "name": segment.name,
+                           "size_bytes": segment.size_bytes, "prefaulted": prefaulted,
+                           "fd_token": self.fd_handover.issue(conn.connection_id, conn.peer_pid,
+                                                              segment_id)}
+            path = self.memory[segment_id].path
+            if path:
+                description["shm_path"] = path
+            descriptions.append(description)
+        return descriptions
 
     def segment_report(self) -> list[dict]:
         report = []
@@ -294,7 +349,7 @@ class Daemon:
                 "used_bytes": allocator.used_bytes, "free_bytes": allocator.free_bytes,
                 "allocations": allocator.allocation_count,
                 "largest_free_bytes": allocator.largest_free_bytes(),
-                "shm_path": memory.path})
+                "shm_path": memory.path})  # "" for a namespace pool (a memfd)
         return report
 
     def describe_object(self, key, entry) -> dict:
@@ -361,6 +416,8 @@ class Daemon:
         """Undo a start-up that failed part way: listeners closed, segment files removed."""
         for server in self._servers:
             server.close()
+        if self.fd_handover is not None:
+            self.fd_handover.close()
         if self.cluster is not None:
             self.cluster.close()
         if self._metrics is not None:
@@ -392,6 +449,8 @@ class Daemon:
                 os.unlink(self.config.server.unix_socket)
             except FileNotFoundError:
                 pass
+        if self.fd_handover is not None:
+            self.fd_handover.close()
         for memory in self.memory.values():
             memory.close()
         self._notifier.close()

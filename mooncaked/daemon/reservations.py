@@ -61,12 +61,14 @@ class Reservations:
             for _ in range(count):
                 if conn.reserved_bytes + size_bytes > self.max_bytes_per_connection:
                     break
-                # Reserved bytes count against the connection's namespace's quota.
+                # Reserved bytes count against the connection's namespace's quota, and lie
+                # in the pool of that namespace, which the connection maps.
                 key = (commands.RESERVED_NAMESPACE, commands.reservation_name(
                     conn.namespace, conn.connection_id, next(self._names)))
                 try:
                     replicas = master.put_start(key, size_bytes, _ONE_REPLICA, False,
-                                                conn.connection_id, now_ms)
+                                                conn.connection_id, now_ms,
+                                                owner_namespace=conn.namespace)
                 except MooncakedError:
                     break  # no space (after eviction), the object table is full, or quota
                 replica = replicas[0]

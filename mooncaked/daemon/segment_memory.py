@@ -1,9 +1,11 @@
 """The memory behind a segment: a shared-memory file that local clients can map too.
 
-Each segment is a file in `[segments] shm_dir` (tmpfs, or hugetlbfs for huge pages), mapped
-MAP_SHARED by the daemon and by local clients (wire/PROTOCOL.md section 5.2), so bulk bytes
-move between them with one memcpy. Files are named after the daemon's pid; files left behind
-by a daemon that died are removed at the next start.
+A shared segment is a file in `[segments] shm_dir` (tmpfs, or hugetlbfs for huge pages),
+created with `shm_mode` (never readable by other users); a namespace pool's segment is a
+memfd, with no path at all. Both are mapped MAP_SHARED by the daemon and by the local clients
+that receive their file descriptor (daemon/fd_handover.py, wire/PROTOCOL.md section 5.2), so
+bulk bytes move between them with one memcpy. Files are named after the daemon's pid; files
+left behind by a daemon that died are removed at the next start.
 
 Placement: the mapping's memory policy binds its pages to `numa_node` before any is touched
 (tmpfs pages are allocated by the first touch, in the daemon or a client, and follow the
@@ -64,24 +66,33 @@ def _alive(pid: int) -> bool:
 
 
 class SegmentMemory:
+    """A segment's memory. `memfd_name` set: a memfd of that name (a namespace pool), else a
+    file in `shm_dir`. `fd` stays open for the daemon's life: it is what clients receive."""
+
     def __init__(self, segment_id: int, shm_dir: str, size_bytes: int, mode: int,
-                 numa_node: int = -1, huge_pages: str = "off", prefault: bool = False) -> None:
+                 numa_node: int = -1, huge_pages: str = "off", prefault: bool = False,
+                 memfd_name: str = "") -> None:
         self.segment_id = segment_id
         self.size_bytes = size_bytes
-        if huge_pages == "hugetlbfs":
-            check_hugetlbfs(shm_dir, size_bytes)
-        self.path = os.path.join(shm_dir, segment_file_name(os.getpid(), segment_id))
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        if memfd_name:
+            self.path = ""
+            fd = _create_memfd(memfd_name, size_bytes, huge_pages)
+        else:
+            if huge_pages == "hugetlbfs":
+                check_hugetlbfs(shm_dir, size_bytes)
+            self.path = os.path.join(shm_dir, segment_file_name(os.getpid(), segment_id))
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
-            os.fchmod(fd, mode)  # not narrowed by the umask
+            if self.path:
+                os.fchmod(fd, mode)  # not widened or narrowed by the umask
             os.ftruncate(fd, size_bytes)
             self.mmap = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
+            self._unlink()
             raise
-        os.close(fd)
+        self.fd = fd
         try:
             self.address = buffer_address(self.mmap)
             if numa_node >= 0:
@@ -93,7 +104,8 @@ class SegmentMemory:
                 self._prefault()
         except BaseException:
             self.mmap.close()
-            os.unlink(self.path)
+            os.close(self.fd)
+            self._unlink()
             raise
         self.view = memoryview(self.mmap)
 
@@ -114,10 +126,38 @@ class SegmentMemory:
             self.mmap.close()
         except BufferError:  # a view is still exported; the mapping goes with the process
             log.warning("segment %d still has views at close", self.segment_id)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._unlink()
+
+    def _unlink(self) -> None:
+        if not self.path:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _create_memfd(name: str, size_bytes: int, huge_pages: str) -> int:
+    flags = os.MFD_CLOEXEC
+    if huge_pages == "hugetlbfs":
+        page_bytes = huge_page_bytes()
+        if size_bytes % page_bytes:
+            raise ValueError(f"namespace pool {name!r}: size_bytes = {size_bytes} is not a "
+                             f"multiple of the huge page size {page_bytes}")
+        flags |= os.MFD_HUGETLB
+    return os.memfd_create(f"mooncaked-pool-{name}", flags)
+
+
+def huge_page_bytes() -> int:
+    """The default huge page size (what MFD_HUGETLB allocates), from /proc/meminfo."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("Hugepagesize:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("huge_pages = \"hugetlbfs\": this kernel reports no huge page size")
 
 
 def check_hugetlbfs(shm_dir: str, size_bytes: int) -> None:

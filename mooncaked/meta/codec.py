@@ -1,7 +1,8 @@
 """Commands as bytes: how a metadata command travels in a Raft log entry.
 
 A command is a msgpack array `[tag, field, ...]` with the fields in their dataclass order.
-Arrays decode as tuples, which is what the commands' tuple fields (object keys, segment names)
+Fields added to a command later come last with a default, and may be missing from an entry
+written before them (it decodes with the default). Arrays decode as tuples, which is what the commands' tuple fields (object keys, segment names)
 are. Decoding checks the tag, the arity and each field's type, and raises ValueError otherwise:
 entries come from disk and peers, and a bad one must stop the node with a clear message rather
 than put a wrong value into the state machine.
@@ -32,6 +33,9 @@ TAGS: dict[type, int] = {
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
+# Fields without a default: an entry carries at least these.
+_REQUIRED = {cls: sum(1 for f in dataclasses.fields(cls)
+                      if f.default is dataclasses.MISSING) for cls in TAGS}
 
 
 def _is_key(value) -> bool:
@@ -59,6 +63,8 @@ _CHECKS = {
     "namespace": lambda v: v == c.QUOTA_DEFAULT or c.valid_namespace(v),
     "max_bytes": lambda v: type(v) is int and v >= 0,
     "max_objects": lambda v: type(v) is int and v >= 0,
+    "pool_namespace": lambda v: v == "" or c.valid_namespace(v),
+    "owner_namespace": lambda v: v is None or c.valid_namespace(v),
 }
 
 def _check_fields(cls, values) -> None:
@@ -97,8 +103,10 @@ def _check(value):
     if cls is None:
         raise ValueError(f"command: unknown tag {value[0]}")
     names = _FIELDS[cls]
-    if len(value) != len(names) + 1:
-        raise ValueError(f"command {cls.__name__}: expected {len(names)} fields, "
+    if not _REQUIRED[cls] <= len(value) - 1 <= len(names):
+        expected = (f"{len(names)}" if _REQUIRED[cls] == len(names)
+                    else f"{_REQUIRED[cls]} to {len(names)}")
+        raise ValueError(f"command {cls.__name__}: expected {expected} fields, "
                          f"got {len(value) - 1}")
     _check_fields(cls, value[1:])
     return cls(*value[1:])

@@ -17,6 +17,11 @@ ObjectKey = tuple[str, str]  # (namespace, key)
 # client can name ('#' is outside the namespace alphabet), and PutCommit moves it to a real key.
 RESERVED_NAMESPACE = "#reserved"
 
+# The pool of segments shared by every namespace that has no pool of its own
+# (`[segments] namespace_pools`): a segment's `pool_namespace` is this, or the one namespace
+# whose objects alone it holds.
+SHARED_POOL = ""
+
 # A cluster segment id is node_id (high bits), a mount generation (8 bits) and the segment's
 # index on its node (8 bits). A node that registers again (restarted, or declared down and
 # back) mounts its segments under a new generation, so a late write or read aimed at a range
@@ -48,6 +53,9 @@ class MountSegment:
     size_bytes: int
     alignment_bytes: int
     max_allocations: int
+    # SHARED_POOL, or the namespace whose pool this segment is: it holds that namespace's
+    # objects and no other's. Last, with a default, so entries written before it still decode.
+    pool_namespace: str = SHARED_POOL
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,9 @@ class PutStart:
     writer_id: int
     now_ms: int
     seed: int
+    # The namespace whose pool receives the ranges; None = the key's own. A reservation's key
+    # is in RESERVED_NAMESPACE, its ranges in the pool of the connection's namespace.
+    owner_namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

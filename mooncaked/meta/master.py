@@ -91,19 +91,24 @@ class Master:
                                  f"soft_pin_ttl_ms must be in 1..{self.config.max_soft_pin_ttl_ms}")
 
     def put_start(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
-                  upsert: bool, writer_id: int, now_ms: int) -> list[Replica]:
+                  upsert: bool, writer_id: int, now_ms: int,
+                  owner_namespace: str | None = None) -> list[Replica]:
+        """Start a put; its ranges lie in the pool of `owner_namespace` (None: the key's
+        namespace), and only that pool is evicted from to make room."""
         if size_bytes <= 0:
             raise MooncakedError(ErrorCode.INVALID_PARAMS, "a value must have at least 1 byte")
         command = c.PutStart(key, size_bytes, config.replica_num, config.preferred_segments,
                              config.soft_pin_ttl_ms, config.hard_pin, upsert, writer_id, now_ms,
-                             self._rng.getrandbits(32))
+                             self._rng.getrandbits(32), owner_namespace)
         try:
             return self.propose(command)
         except MooncakedError as exc:
             if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
                 raise
         # No room: evict what may be evicted, at least enough for this value, and try once more.
-        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1)
+        pool = self.state.pool_of(key[0] if owner_namespace is None else owner_namespace)
+        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1,
+                   pool=self._eviction_pool(pool))
         return self.propose(command)
 
     def put_end(self, key: c.ObjectKey, writer_id: int, now_ms: int) -> None:
@@ -191,15 +196,24 @@ class Master:
         """The periodic sweep: deadlines first, then eviction above the high watermark.
         Returns what the deadlines released (ranges and unfinished puts)."""
         released = self.propose(c.ReleaseExpired(now_ms))
-        self.evict(now_ms)
+        if not self.state.pool_namespaces:
+            self.evict(now_ms)
+        else:  # each pool against its own watermark: one pool's use frees nothing in another
+            for pool in self.state.pools():
+                self.evict(now_ms, pool=pool)
         return released
 
-    def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0) -> int:
+    def _eviction_pool(self, pool: str) -> str | None:
+        return pool if self.state.pool_namespaces else None
+
+    def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0,
+              pool: str | None = None) -> int:
         """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.
 
+        `pool`: only objects of that pool, against its own capacity (None: the whole store).
         Returns the number of objects evicted.
         """
-        chosen = self.choose_evictions(now_ms, need_bytes, need_objects)
+        chosen = self.choose_evictions(now_ms, need_bytes, need_objects, pool)
         if not chosen:
             return 0
         freed_bytes = self.propose(c.Evict(tuple(chosen)))
@@ -210,8 +224,8 @@ class Master:
         self.evictions.bytes += freed_bytes
         return len(chosen)
 
-    def choose_evictions(self, now_ms: int, need_bytes: int = 0,
-                         need_objects: int = 0) -> list[c.ObjectKey]:
+    def choose_evictions(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0,
+                         pool: str | None = None) -> list[c.ObjectKey]:
         """What one eviction run takes, oldest lease first.
 
         About `eviction_ratio` of the capacity (more when further over the watermark), never a
@@ -220,10 +234,15 @@ class Master:
         pass, when the others freed less than the lower bound.
         """
         state, config = self.state, self.config
-        capacity = state.capacity_bytes()
+        if pool is None:
+            capacity, used = state.capacity_bytes(), state.used_bytes()
+        else:
+            segments = state.pool_segments(pool)
+            capacity = sum(s.allocator.capacity_bytes for s in segments)
+            used = sum(s.allocator.used_bytes for s in segments)
         if capacity == 0:
             return []
-        used_ratio = state.used_bytes() / capacity
+        used_ratio = used / capacity
         high = config.eviction_high_watermark_ratio
         over_objects = len(state.objects) - state.max_objects + need_objects
         if used_ratio <= high and need_bytes == 0 and over_objects <= 0:
@@ -232,18 +251,19 @@ class Master:
         target_bytes = max(int(target_ratio * capacity), need_bytes)
         lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
         chosen: list[c.ObjectKey] = []
-        freed = self._select_over_quota(now_ms, chosen, target_bytes, over_objects)
-        freed += self._select(now_ms, chosen, target_bytes - freed, over_objects,
-                              soft_pinned=False)
+        freed = self._select_over_quota(now_ms, chosen, target_bytes, over_objects, pool)
+        freed += self._select(now_ms, chosen, target_bytes - freed, over_objects, False, pool)
         if freed < lower_bytes or len(chosen) < over_objects:
             self._select(now_ms, chosen, target_bytes - freed, over_objects - len(chosen),
-                         soft_pinned=True)
+                         True, pool)
         return chosen
 
     def _select_over_quota(self, now_ms: int, chosen: list, want_bytes: int,
-                           want_objects: int) -> int:
-        """Oldest lease first, objects of namespaces over their quota, while each still is."""
-        excess = {ns: list(over) for ns, over in self.state.namespaces_over_quota().items()}
+                           want_objects: int, pool: str | None) -> int:
+        """Oldest lease first, objects of namespaces over their quota, while each still is
+        (only those whose objects lie in `pool`, when one is named)."""
+        excess = {ns: list(over) for ns, over in self.state.namespaces_over_quota().items()
+                  if pool is None or self.state.pool_of(ns) == pool}
         objects = self.state.objects
         freed = 0
         for key, lease_end in self.access.items():
@@ -266,14 +286,17 @@ class Master:
         return freed
 
     def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
-                soft_pinned: bool) -> int:
+                soft_pinned: bool, pool: str | None) -> int:
         objects = self.state.objects
+        pool_of = self.state.pool_of
         taken = set(chosen)
         freed = 0
         for key, lease_end in self.access.items():
             if freed >= want_bytes and len(chosen) >= want_objects:
                 break
             if lease_end > now_ms or key in taken:
+                continue
+            if pool is not None and pool_of(key[0]) != pool:
                 continue
             entry = objects.get(key)
             if entry is None or entry.complete is None or entry.hard_pin:

@@ -28,16 +28,18 @@ from mooncaked.meta.placement import place
 
 
 class Segment:
-    __slots__ = ("segment_id", "name", "node_name", "size_bytes", "allocator", "mounted")
+    __slots__ = ("segment_id", "name", "node_name", "size_bytes", "allocator", "mounted",
+                 "pool_namespace")
 
     def __init__(self, segment_id: int, name: str, node_name: str, size_bytes: int,
-                 allocator) -> None:
+                 allocator, pool_namespace: str = c.SHARED_POOL) -> None:
         self.segment_id = segment_id
         self.name = name
         self.node_name = node_name
         self.size_bytes = size_bytes
         self.allocator = allocator
         self.mounted = True
+        self.pool_namespace = pool_namespace  # c.SHARED_POOL or the namespace it belongs to
 
     def allocate(self, size_bytes: int):
         return self.allocator.allocate(size_bytes)
@@ -125,6 +127,9 @@ class StateMachine:
         self.allocation_strategy = allocation_strategy
         self.segments: dict[int, Segment] = {}
         self.segment_list: list[Segment] = []
+        # Namespaces with a pool of their own (a mounted segment whose pool_namespace they
+        # are): their objects are placed in it alone, everyone else's in the shared pool.
+        self.pool_namespaces: set[str] = set()
         self.objects: dict[c.ObjectKey, ObjectEntry] = {}
         self.nodes: dict[int, Node] = {}
         # The latest time any applied command carried: the cluster's clock, which a new leader
@@ -188,9 +193,23 @@ class StateMachine:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {cmd.segment_id}")
         allocator = self._allocator_factory(cmd.size_bytes, cmd.alignment_bytes,
                                             cmd.max_allocations)
-        segment = Segment(cmd.segment_id, cmd.name, cmd.node_name, cmd.size_bytes, allocator)
+        segment = Segment(cmd.segment_id, cmd.name, cmd.node_name, cmd.size_bytes, allocator,
+                          cmd.pool_namespace)
         self.segments[cmd.segment_id] = segment
         self.segment_list.append(segment)
+        self._index_pools()
+
+    def _index_pools(self) -> None:
+        self.pool_namespaces = {s.pool_namespace for s in self.segment_list} - {c.SHARED_POOL}
+
+    def pool_of(self, namespace: str) -> str:
+        """The pool that holds a namespace's objects: its own, or the shared one."""
+        return namespace if namespace in self.pool_namespaces else c.SHARED_POOL
+
+    def pool_segments(self, pool: str) -> list[Segment]:
+        if not self.pool_namespaces:
+            return self.segment_list  # no namespace pools: every segment is shared
+        return [s for s in self.segment_list if s.pool_namespace == pool]
 
     def _unmount_segment(self, cmd: c.UnmountSegment) -> int:
         """Drop the segment and every replica on it; objects left without one are erased."""
@@ -199,6 +218,7 @@ class StateMachine:
             return 0
         segment.mounted = False
         self.segment_list.remove(segment)
+        self._index_pools()
         lost = 0
         for key, entry in list(self.objects.items()):
             for version in (entry.complete, entry.pending):
@@ -239,17 +259,21 @@ class StateMachine:
         if entry is None and len(self.objects) >= self.max_objects:
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
                                  f"the object table is full ({self.max_objects} objects)")
+        owner = key[0] if cmd.owner_namespace is None else cmd.owner_namespace
+        pool = self.pool_of(owner)
+        segments = self.pool_segments(pool)
         # Charged for the replicas asked (placement may land fewer, never more), less an
         # unfinished write of the key that this one preempts.
         preempted = _version_bytes(entry.pending) if entry is not None else 0
-        self._check_quota(key, cmd.size_bytes * min(cmd.replica_num, len(self.segment_list))
+        self._check_quota(key, cmd.size_bytes * min(cmd.replica_num, len(segments))
                           - preempted,
                           1 if entry is None and key[0] != c.RESERVED_NAMESPACE else 0)
-        placed = place(self.segment_list, cmd.size_bytes, cmd.replica_num,
+        placed = place(segments, cmd.size_bytes, cmd.replica_num,
                        cmd.preferred_segments, self.allocation_strategy, cmd.seed)
         if not placed:
+            where = f"the pool of namespace {pool!r}" if pool else "the shared pool"
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
-                                 f"no segment has {cmd.size_bytes} free bytes")
+                                 f"no segment of {where} has {cmd.size_bytes} free bytes")
         if entry is not None and entry.pending is not None:
             # Preempt the unfinished write: its writer may still be copying into its ranges, so
             # they are reused only after the release timeout, as in Mooncake Store.
@@ -305,6 +329,10 @@ class StateMachine:
                                  f"the reserved range has {version.size_bytes} bytes, "
                                  f"the value {cmd.size_bytes}")
         key = cmd.object_key
+        pool = self.pool_of(key[0])
+        if any(self.segments[r.segment_id].pool_namespace != pool for r in version.replicas):
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "the reserved range is not in the pool of the key's namespace")
         entry = self.objects.get(key)
         if entry is not None:
             if entry.complete is not None:
@@ -539,6 +567,10 @@ class StateMachine:
     def capacity_bytes(self) -> int:
         return sum(s.allocator.capacity_bytes for s in self.segment_list)
 
+    def pools(self) -> list[str]:
+        """Every pool with a mounted segment (SHARED_POOL first, if it has one)."""
+        return sorted({s.pool_namespace for s in self.segment_list})
+
     def check_invariants(self) -> None:
         """Every live range is owned exactly once and the allocators agree (tests use this)."""
         owned: dict[int, list[tuple[int, int]]] = {sid: [] for sid in self.segments}
@@ -549,6 +581,10 @@ class StateMachine:
                 if version is not None:
                     segment_ids = [r.segment_id for r in version.replicas]
                     assert len(set(segment_ids)) == len(segment_ids), key
+                    if key[0] != c.RESERVED_NAMESPACE:  # no object outside its pool
+                        pool = self.pool_of(key[0])
+                        assert all(self.segments[sid].pool_namespace == pool
+                                   for sid in segment_ids), key
                     for r in version.replicas:
                         owned[r.segment_id].append((r.offset, r.handle))
         for _, _, replicas in self._deferred:
@@ -592,7 +628,8 @@ class StateMachine:
                        self.allocation_strategy],
             "clock_ms": self.clock_ms,
             "segments": [[s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
-                          s.allocator.dump()] for s in self.segments.values()],
+                          s.allocator.dump(), s.pool_namespace]
+                         for s in self.segments.values()],
             "segment_list": [s.segment_id for s in self.segment_list],
             "nodes": [[n.node_id, n.name, n.client_address, n.peer_address, bool(n.up)]
                       for n in self.nodes.values()],
@@ -673,15 +710,19 @@ class StateMachine:
 
         segments: dict[int, Segment] = {}
         for item in seq_of(top["segments"], "segments"):
-            sid, name, node_name, size_bytes, mounted, dump = row(item, 6, "segment")
+            # Six fields in snapshots written before namespace pools (all segments shared).
+            if type(item) is tuple and len(item) == 6:
+                item = item + (c.SHARED_POOL,)
+            sid, name, node_name, size_bytes, mounted, dump, pool = row(item, 7, "segment")
             need(is_int(sid) and is_str(name) and is_str(node_name) and is_int(size_bytes)
-                 and type(mounted) is bool and type(dump) is bytes, f"bad segment {sid!r:.40}")
+                 and type(mounted) is bool and type(dump) is bytes and is_str(pool),
+                 f"bad segment {sid!r:.40}")
             need(sid not in segments, f"segment {sid} twice")
             try:
                 allocator = OffsetAllocator.load(dump)
             except (ValueError, MemoryError) as exc:
                 fail(f"segment {sid}: {exc}")
-            segment = Segment(sid, name, node_name, size_bytes, allocator)
+            segment = Segment(sid, name, node_name, size_bytes, allocator, pool)
             segment.mounted = mounted
             segments[sid] = segment
         order = seq_of(top["segment_list"], "segment_list")
@@ -784,6 +825,7 @@ class StateMachine:
         self.segments.clear()
         self.segments.update(segments)
         self.segment_list[:] = segment_list
+        self._index_pools()
         self.nodes.clear()
         self.nodes.update(nodes)
         self.objects.clear()
