@@ -157,6 +157,13 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    credentials_file: str = _key("", doc="principals, their secrets' verifiers and roles "
+                                 "(mode 600, owned by the daemon's user); empty = no "
+                                 "authentication: every client may do everything")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = _key("info", choices=("debug", "info", "warning", "error"), doc="log level")
 
@@ -169,6 +176,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     log: LogConfig = field(default_factory=LogConfig)
     source: str = ""
 

@@ -46,6 +46,10 @@ class ErrorCode(enum.IntEnum):
     # Cluster: the request reached the log but leadership changed before it was applied: it
     # may or may not take effect. Check (exists / get) before retrying a non-idempotent call.
     OUTCOME_UNKNOWN = -3008
+    # Authentication and roles (wire/PROTOCOL.md section 4.1).
+    AUTH_FAILED = -3020  # hello's credentials were refused; the connection is closed after it
+    PERMISSION_DENIED = -3021  # the principal lacks the role a request needs
+    HANDSHAKE_DONE = -3022  # hello or auth_start after a hello succeeded; nothing changes
 
 
 def code_name(code: int) -> str:

@@ -16,7 +16,7 @@ import collections
 import socket
 from typing import Sequence
 
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
 from mooncaked.client.reservations import ReservationStock
@@ -119,7 +119,12 @@ class Client:
 
     @classmethod
     async def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
-                      client_name: str = "", map_segments: bool = True) -> "Client":
+                      client_name: str = "", map_segments: bool = True,
+                      principal: str | None = None,
+                      secret: bytes | str | None = None) -> "Client":
+        """`principal` and `secret`: credentials (else $MOONCAKED_PRINCIPAL and
+        $MOONCAKED_SECRET or $MOONCAKED_SECRET_FILE; client/auth.py)."""
+        credentials = auth.resolve(principal, secret)
         loop = asyncio.get_running_loop()
         kind, target = parse_address(address)
         if kind == "unix":
@@ -130,7 +135,8 @@ class Client:
                                                           socket.TCP_NODELAY, 1)
         client = cls(protocol, kind)
         try:
-            client.server = await client._run(calls.hello(namespace, client_name))
+            client.server = await client.drive(auth.handshake(namespace, client_name,
+                                                              credentials))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"])
             if client.server.get("max_reserved_bytes"):

@@ -12,7 +12,7 @@ import ctypes
 import select
 import socket
 
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.calls import Call
 from mooncaked.client.reservations import ReservationStock
@@ -77,11 +77,15 @@ class BlockingClient(BlockingCalls):
     @classmethod
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
-                map_segments: bool = True) -> "BlockingClient":
+                map_segments: bool = True, principal: str | None = None,
+                secret: bytes | str | None = None) -> "BlockingClient":
+        """`principal` and `secret`: credentials (else $MOONCAKED_PRINCIPAL and
+        $MOONCAKED_SECRET or $MOONCAKED_SECRET_FILE; client/auth.py)."""
+        credentials = auth.resolve(principal, secret)
         sock, kind = open_socket(address, timeout_s)
         client = cls(sock, kind)
         try:
-            client.server = client._run(calls.hello(namespace, client_name))
+            client.server = client.drive(auth.handshake(namespace, client_name, credentials))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"])
             if client.server.get("max_reserved_bytes"):

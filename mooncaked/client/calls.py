@@ -57,8 +57,10 @@ class Call:
     receive_into: Any = None
 
 
-def hello(namespace: str, client_name: str) -> Call:
-    return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name}])
+def hello(namespace: str, client_name: str, **credentials) -> Call:
+    """`credentials`: principal and proof, after auth_start (client/auth.py)."""
+    return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name,
+                           **credentials}])
 
 
 def put(key: str, value, config: ReplicateConfig | None) -> Call:

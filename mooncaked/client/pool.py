@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.client.calls import Call
@@ -34,9 +34,11 @@ DEFAULT_MAX_CONNECTIONS = 16
 
 class ClientPool(BlockingCalls):
     def __init__(self, address: str, namespace: str, client_name: str,
-                 timeout_s: float | None, max_connections: int, map_segments: bool) -> None:
+                 timeout_s: float | None, max_connections: int, map_segments: bool,
+                 credentials: auth.Credentials | None = None) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        self._credentials = credentials
         self.address = address
         self.namespace = namespace
         self.client_name = client_name
@@ -58,10 +60,13 @@ class ClientPool(BlockingCalls):
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                map_segments: bool = True) -> "ClientPool":
-        """Open the first connection now, so that a wrong address or namespace is reported
-        here (OSError, ValueError or MooncakedError) rather than at the first call."""
-        pool = cls(address, namespace, client_name, timeout_s, max_connections, map_segments)
+                map_segments: bool = True, principal: str | None = None,
+                secret: bytes | str | None = None) -> "ClientPool":
+        """Open the first connection now, so that a wrong address, namespace or credentials
+        are reported here (OSError, ValueError or MooncakedError) rather than at the first
+        call. `principal` and `secret`: as BlockingClient.connect's (else the environment's)."""
+        pool = cls(address, namespace, client_name, timeout_s, max_connections, map_segments,
+                   auth.resolve(principal, secret))
         with pool._lock:
             pool._open_count = 1
         try:
@@ -104,13 +109,20 @@ class ClientPool(BlockingCalls):
         """A new connection (the caller has counted it in _open_count)."""
         connection = BlockingClient.connect(self.address, namespace=self.namespace,
                                             client_name=self.client_name,
-                                            timeout_s=self.timeout_s, map_segments=False)
+                                            timeout_s=self.timeout_s, map_segments=False,
+                                            **self._credential_args())
         try:
             self._share_segments(connection)
         except BaseException:
             connection.close()
             raise
         return connection
+
+    def _credential_args(self) -> dict:
+        # Resolved once at connect: every connection of the pool is the same principal.
+        if self._credentials is None:
+            return {}
+        return {"principal": self._credentials.principal, "secret": self._credentials.secret}
 
     def _share_segments(self, connection: BlockingClient) -> None:
         server = connection.server

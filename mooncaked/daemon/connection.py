@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from mooncaked.daemon import auth
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
 from mooncaked.proto import framing
 from mooncaked.proto.scratch import ScratchBuffer
@@ -60,6 +61,8 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self.connection_id = daemon.next_connection_id()
         self.transport: asyncio.Transport | None = None
         self.namespace: str | None = None  # set by hello
+        self.principal: str | None = None  # set by hello when authentication is on
+        self.auth_challenge: tuple | None = None  # auth_start's, until the hello that uses it
         self.client_name = ""
         # Unfinished shared-memory puts: object key -> (replicas, size_bytes).
         self.puts_in_progress: dict = {}
@@ -166,8 +169,11 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             handler = daemon.handlers.get(method)
             if handler is None:
                 raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no method {method!r}")
-            if self.namespace is None and method != "hello":
-                raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
+            if self.namespace is None:
+                if method not in auth.BEFORE_HELLO:
+                    raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
+            elif daemon.auth is not None:
+                daemon.auth.authorize(self, method, params)
             outcome = handler(self, params, payload_length)
         except MooncakedError as exc:
             outcome = exc
@@ -284,7 +290,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         if isinstance(outcome, MooncakedError):
             transport.write(framing.error_head(msgid, outcome.code, outcome.message))
             result_name = code_name(outcome.code)
-            if outcome.code in (ErrorCode.VERSION_MISMATCH,):
+            if outcome.code in (ErrorCode.VERSION_MISMATCH, ErrorCode.AUTH_FAILED):
                 self._close()
         else:
             payload = outcome.payload
