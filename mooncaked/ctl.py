@@ -289,6 +289,10 @@ def objects_ls(settings: Settings, only_namespace: str | None, prefix: str, rege
         only_namespace = settings.namespace
     if only_namespace == ALL_NAMESPACES:
         only_namespace = None
+    if only_namespace is not None and not settings.namespace_given:
+        # Bound to the namespace it lists: a principal with read on it may list it (listing
+        # another namespace than the connection's needs admin on it).
+        settings.namespace = only_namespace
     with connected(settings) as client:
         data = client.objects_list(prefix, regex, only_namespace or ALL_NAMESPACES, limit)
     data.sort(key=lambda o: (o["namespace"], o["key"]))

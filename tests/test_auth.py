@@ -605,6 +605,11 @@ def test_mooncakectl_takes_credentials_from_a_flag_the_environment_or_a_file(aut
     denied = ctl(*address, "--principal", "reader", "--secret-file", str(reader_secret),
                  "status")
     assert denied.returncode == 1 and "PERMISSION_DENIED (-3021)" in denied.stderr
+    reader = ["--principal", "reader", "--secret-file", str(reader_secret)]
+    listed = ctl(*address, *reader, "objects", "ls", "--namespace", "a")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    everything = ctl(*address, *reader, "-n", "a", "objects", "ls", "--all-namespaces")
+    assert everything.returncode == 1 and "admin on every namespace" in everything.stderr
     wrong = ctl(*address, "--principal", "admin", "--secret-file", str(reader_secret), "status")
     assert wrong.returncode == 1 and "authentication failed" in wrong.stderr
     half = ctl(*address, "--secret-file", str(reader_secret), "status")
