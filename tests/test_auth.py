@@ -758,3 +758,31 @@ def test_auth_frames_encode_and_decode_as_the_vectors(vector):
     decoded = framing.unpack_header(frame[framing.PREFIX_BYTES:], MAX_HEADER_BYTES)
     assert same(decoded, header)
     assert MAX_PAYLOAD_BYTES  # the daemon's default bounds hold these frames
+
+
+# -- a cluster node -----------------------------------------------------------------------------
+
+def test_a_cluster_node_checks_roles_too(credentials_path, monkeypatch):
+    from cluster_harness import Cluster
+    # The harness's own clients (leader checks) authenticate through the environment.
+    monkeypatch.setenv("MOONCAKED_PRINCIPAL", "admin")
+    monkeypatch.setenv("MOONCAKED_SECRET", SECRETS["admin"].decode())
+    cluster = Cluster(3, auth={"credentials_file": credentials_path})
+    try:
+        leader = cluster.start().wait_for_leader()
+        follower = next(i for i in cluster.nodes if i != leader)
+        node = cluster.nodes[follower]
+        with as_(node, "writer") as writer:
+            assert writer.put("clustered", b"bytes") is True  # forwarded to the leader
+            expect(ErrorCode.PERMISSION_DENIED, writer.call, "cluster_status")
+            expect(ErrorCode.PERMISSION_DENIED, writer.call, "cluster_remove", leader)
+        with as_(node, "reader") as reader:
+            assert reader.get("clustered") == b"bytes"
+            expect(ErrorCode.PERMISSION_DENIED, reader.put, "nope", b"x")
+            expect(ErrorCode.PERMISSION_DENIED, reader.remove, "clustered")
+        with as_(cluster.nodes[leader], "admin") as admin:
+            assert admin.call("cluster_status")["leader"] == leader
+            assert admin.get("clustered") == b"bytes"
+            assert not admin.exists("nope")
+    finally:
+        cluster.close()
