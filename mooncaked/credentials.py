@@ -56,13 +56,17 @@ class Principal:
     def has_secret(self) -> bool:
         return bool(self.stored_key)
 
+    def __post_init__(self) -> None:
+        # Ranks looked up once here: every request asks for one (daemon/auth.py).
+        object.__setattr__(self, "_ranks", {namespace: ROLE_RANKS.get(role, 0)
+                                            for namespace, role in self.roles.items()})
+        object.__setattr__(self, "_everywhere", self._ranks.get(ALL_NAMESPACES, 0))
+
     def rank(self, namespace: str) -> int:
         """The principal's role on a namespace, as a rank (0 = none). On a namespace, a role on
         "*" counts too; on "*" itself, only a role on "*"."""
-        own = ROLE_RANKS.get(self.roles.get(namespace), 0)
-        if namespace == ALL_NAMESPACES:
-            return own
-        return max(own, ROLE_RANKS.get(self.roles.get(ALL_NAMESPACES), 0))
+        own = self._ranks.get(namespace, 0)
+        return own if own >= self._everywhere else self._everywhere
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -66,10 +67,7 @@ def make_credentials(path: str, server_keys: dict | None = None) -> None:
     creds = credentials_file.with_principal(creds, credentials_file.new_principal(
         "peer", None, {"a": "write"}, uids=[PEER_UID]))
     for name, key in (server_keys or {}).items():
-        principal = creds.principals[name]
-        creds.principals[name] = credentials_file.Principal(
-            principal.name, principal.roles, principal.salt, principal.iterations,
-            principal.stored_key, key)
+        creds.principals[name] = dataclasses.replace(creds.principals[name], server_key=key)
     credentials_file.write(path, creds)
 
 
@@ -490,8 +488,8 @@ def test_sighup_reloads_the_credentials_for_open_connections(auth_daemon, creden
     with as_(auth_daemon, "writer") as writer:
         writer.put("before", b"1")
         creds = credentials_file.load(credentials_path)
-        reduced = credentials_file.with_principal(creds, credentials_file.Principal(
-            **{**creds.principals["writer"].__dict__, "roles": {"a": "read"}}))
+        reduced = credentials_file.with_principal(creds, dataclasses.replace(
+            creds.principals["writer"], roles={"a": "read"}))
         credentials_file.write(credentials_path, reduced)
         os.kill(auth_daemon.process.pid, signal.SIGHUP)
         deadline = time.monotonic() + 20

@@ -59,15 +59,20 @@ METHOD_ROLES: dict[str, tuple | None] = {
 _PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
+_ADMIN_ON_ALL = (ADMIN, DAEMON)
+
+
 def required_role(method: str, params: list, namespace: str) -> tuple[str, str] | None:
     """(role, namespace) a request needs, or None."""
-    entry = METHOD_ROLES.get(method, (ADMIN, DAEMON))
+    entry = METHOD_ROLES.get(method, _ADMIN_ON_ALL)
     if entry is None:
         return None
     role, where = entry
-    if where == DAEMON:
+    if where is CONNECTION:
+        return role, namespace
+    if where is DAEMON:
         return role, ALL_NAMESPACES
-    if type(where) is int and len(params) > where:
+    if len(params) > where:
         named = params[where]
         if type(named) is str and named != namespace:
             return ADMIN, named
@@ -151,7 +156,8 @@ class Authenticator:
             if type(name) is not str or type(proof) is not bytes:
                 raise MooncakedError(ErrorCode.INVALID_PARAMS,
                                      "principal must be a str and proof a bin, both or neither")
-            principal = self._check_proof(conn, challenge, name, proof, namespace, result)
+            principal, result["server_signature"] = self._check_proof(conn, challenge, name,
+                                                                      proof, namespace)
         if principal.rank(namespace) == 0:
             raise MooncakedError(ErrorCode.PERMISSION_DENIED,
                                  f"principal {principal.name!r} has no role on namespace "
@@ -162,8 +168,9 @@ class Authenticator:
                   principal.name, namespace)
         return result
 
-    def _check_proof(self, conn, challenge, name: str, proof: bytes, namespace: str,
-                     result: dict):
+    def _check_proof(self, conn, challenge, name: str, proof: bytes,
+                     namespace: str) -> tuple[credentials_file.Principal, bytes]:
+        """The principal a proof is good for, and the daemon's signature; else AUTH_FAILED."""
         if challenge is None or challenge[0] != name:
             log.warning("connection %d: hello of principal %r without its auth_start",
                         conn.connection_id, name)
@@ -181,8 +188,7 @@ class Authenticator:
             log.warning("connection %d (%s): authentication of principal %r failed",
                         conn.connection_id, self._peer_name(conn), name)
             raise _failed()
-        result["server_signature"] = scram.server_signature(principal.server_key, message)
-        return principal
+        return principal, scram.server_signature(principal.server_key, message)
 
     def _peer_principal(self, conn):
         if conn.transport_kind != "unix":
@@ -223,6 +229,10 @@ class Authenticator:
         rank = principal.rank(namespace) if principal is not None else 0
         if rank >= ROLE_RANKS[role]:
             return
+        self._deny(conn, method, role, namespace, rank)
+
+    @staticmethod
+    def _deny(conn, method: str, role: str, namespace: str, rank: int) -> None:
         held = next((r for r, n in ROLE_RANKS.items() if n == rank), "no role")
         where = "every namespace (\"*\")" if namespace == ALL_NAMESPACES \
             else f"namespace {namespace!r}"
