@@ -186,6 +186,13 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    credentials_file: str = _key("", doc="principals, their secrets' verifiers and roles "
+                                 "(mode 600, owned by the daemon's user); empty = no "
+                                 "authentication: every client may do everything")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = _key("info", choices=("debug", "info", "warning", "error"), doc="log level")
 
@@ -213,6 +220,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # Quotas by namespace name ("*": the default), from the `[namespaces.<name>]` tables.
     namespaces: dict[str, NamespaceQuotaConfig] = field(default_factory=dict)

@@ -21,6 +21,11 @@ wire/PROTOCOL.md section 5.3.
     cluster remove ID            remove a node from the cluster
     cluster transfer-leader ID   hand leadership to another voter
     cluster drain ID             move objects held only by the node elsewhere, then remove it
+    auth add-principal NAME ...  write the credentials file (mooncaked/ctl_auth.py)
+
+Credentials (a daemon with `[auth] credentials_file`): `--principal NAME` and `--secret-file
+FILE`, else $MOONCAKED_PRINCIPAL with $MOONCAKED_SECRET or $MOONCAKED_SECRET_FILE. Without any,
+a Unix socket connection is the principal the daemon maps the user's uid to.
 
 `--address` accepts `unix:PATH`, `/PATH` or `HOST:PORT` (default: $MOONCAKED_ADDRESS, else
 `unix:/run/mooncaked/mooncaked.sock`). `-n/--namespace` is the namespace the connection is
@@ -72,6 +77,8 @@ from typing import Any, Iterator
 import click
 
 from mooncaked import __version__, tls
+from mooncaked import ctl_auth
+from mooncaked.client import auth as client_auth
 from mooncaked.client.blocking import BlockingClient, parse_address
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
 
@@ -93,12 +100,16 @@ class CtlError(click.ClickException):
 
 class Settings:
     def __init__(self, address: str, namespace: str, output: str,
-                 namespace_given: bool = False) -> None:
+                 namespace_given: bool = False, principal: str | None = None,
+                 secret_file: str | None = None) -> None:
         self.address = address
         self.namespace = namespace
         self.output = output
         self.namespace_given = namespace_given  # -n on the command line, not the default
         self.tls_files: tuple[str | None, str | None, str | None] = (None, None, None)
+        # Credentials: these, else $MOONCAKED_PRINCIPAL and $MOONCAKED_SECRET(_FILE).
+        self.principal = principal
+        self.secret_file = secret_file
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -178,9 +189,15 @@ def emit(settings: Settings, data: Any, table: str) -> None:
 def connected(settings: Settings) -> Iterator[BlockingClient]:
     """A client bound to the settings' namespace, closed on the way out; errors become CtlError."""
     try:
-        client = BlockingClient.connect(settings.address, namespace=settings.namespace,
-                                        client_name=CLIENT_NAME, map_segments=False,
-                                        tls=_tls_context(settings))
+        credentials = client_auth.resolve(settings.principal, secret_file=settings.secret_file)
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"credentials: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        client = BlockingClient.connect(
+            settings.address, namespace=settings.namespace, client_name=CLIENT_NAME,
+            map_segments=False, tls=_tls_context(settings),
+            principal=credentials and credentials.principal,
+            secret=credentials and credentials.secret)
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise CtlError(f"cannot connect to {settings.address}: {reason}") from None
@@ -241,14 +258,23 @@ def _check_address(ctx: click.Context, param: click.Parameter, value: str) -> st
               help=f"Client certificate, for a daemon that requires one (env {tls.ENV_CERT}).")
 @click.option("--tls-key", envvar=tls.ENV_KEY, default=None, metavar="FILE",
               help=f"The client certificate's key (env {tls.ENV_KEY}).")
+@click.option("--principal", default=None,
+              help=f"Authenticate as this principal (env {client_auth.PRINCIPAL_ENV}).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help=f"The principal's secret, in a file (env {client_auth.SECRET_FILE_ENV}, or "
+              f"the secret itself in {client_auth.SECRET_ENV}).")
 @click.pass_context
 def cli(ctx: click.Context, address: str, namespace: str, output: str, tls_ca: str | None,
-        tls_cert: str | None, tls_key: str | None) -> None:
+        tls_cert: str | None, tls_key: str | None, principal: str | None,
+        secret_file: str | None) -> None:
     """Inspect and administer a running mooncaked."""
     # No connection here: click runs this before it checks the subcommand's own arguments.
     given = ctx.get_parameter_source("namespace") is not click.core.ParameterSource.DEFAULT
-    ctx.obj = Settings(address, namespace, output, given)
+    ctx.obj = Settings(address, namespace, output, given, principal, secret_file)
     ctx.obj.tls_files = (tls_ca, tls_cert, tls_key)
+
+
+cli.add_command(ctl_auth.auth)
 
 
 @cli.command()
@@ -297,6 +323,10 @@ def objects_ls(settings: Settings, only_namespace: str | None, prefix: str, rege
         only_namespace = settings.namespace
     if only_namespace == ALL_NAMESPACES:
         only_namespace = None
+    if only_namespace is not None and not settings.namespace_given:
+        # Bound to the namespace it lists: a principal with read on it may list it (listing
+        # another namespace than the connection's needs admin on it).
+        settings.namespace = only_namespace
     with connected(settings) as client:
         data = client.objects_list(prefix, regex, only_namespace or ALL_NAMESPACES, limit)
     data.sort(key=lambda o: (o["namespace"], o["key"]))

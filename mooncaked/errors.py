@@ -48,6 +48,9 @@ class ErrorCode(enum.IntEnum):
     OUTCOME_UNKNOWN = -3008
     # The put would take its namespace over its quota (bytes or objects); nothing was stored.
     QUOTA_EXCEEDED = -3009
+    # Authentication and roles (wire/PROTOCOL.md section 4.1).
+    AUTH_FAILED = -3020  # hello's credentials were refused; the connection is closed after it
+    PERMISSION_DENIED = -3021  # the principal lacks the role a request needs
 
 
 def code_name(code: int) -> str:

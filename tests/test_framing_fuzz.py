@@ -259,6 +259,7 @@ class FakeDaemon:
         self.max_payload_bytes = 1 << 20
         self.stats = FakeStats()
         self.draining = False
+        self.auth = None  # authentication off
         self.calls: list = []
         self.aborted: list = []
         self.closed = 0

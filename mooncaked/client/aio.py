@@ -17,7 +17,7 @@ import socket
 from typing import Sequence
 
 from mooncaked import tls as tls_module
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
 from mooncaked.client.reservations import ReservationStock
@@ -124,8 +124,12 @@ class Client:
     @classmethod
     async def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                       client_name: str = "", map_segments: bool = True,
-                      tls=None) -> "Client":
-        """`tls` as BlockingClient.connect takes it; TLS runs on any event loop."""
+                      *, tls=None, principal: str | None = None,
+                      secret: bytes | str | None = None) -> "Client":
+        """`tls` as BlockingClient.connect takes it; TLS runs on any event loop.
+        `principal` and `secret`: credentials (else $MOONCAKED_PRINCIPAL and
+        $MOONCAKED_SECRET or $MOONCAKED_SECRET_FILE; client/auth.py)."""
+        credentials = auth.resolve(principal, secret)
         loop = asyncio.get_running_loop()
         kind, target = parse_address(address)
         tls_context = resolve_client_context(tls) if kind == "tcp" else None
@@ -142,7 +146,8 @@ class Client:
                                                           socket.TCP_NODELAY, 1)
         client = cls(protocol, kind)
         try:
-            client.server = await client._run(calls.hello(namespace, client_name))
+            client.server = await client.drive(auth.handshake(namespace, client_name,
+                                                              credentials))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"],
                                                  client.server.get("fd_socket", ""))

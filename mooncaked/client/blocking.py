@@ -14,7 +14,7 @@ import socket
 import ssl
 
 from mooncaked.tls import resolve_client_context, server_name
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.calls import Call
 from mooncaked.client.reservations import ReservationStock
@@ -85,14 +85,18 @@ class BlockingClient(BlockingCalls):
     @classmethod
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
-                map_segments: bool = True, tls: ssl.SSLContext | bool | None = None
+                map_segments: bool = True, *, tls: ssl.SSLContext | bool | None = None,
+                principal: str | None = None, secret: bytes | str | None = None
                 ) -> "BlockingClient":
         """`tls`: an SSLContext for TCP (mooncaked.tls.client_context builds one), False for
-        plain TCP, None for $MOONCAKED_TLS_CA and friends (plain when unset)."""
+        plain TCP, None for $MOONCAKED_TLS_CA and friends (plain when unset).
+        `principal` and `secret`: credentials (else $MOONCAKED_PRINCIPAL and
+        $MOONCAKED_SECRET or $MOONCAKED_SECRET_FILE; client/auth.py)."""
+        credentials = auth.resolve(principal, secret)
         sock, kind = open_socket(address, timeout_s, tls)
         client = cls(sock, kind)
         try:
-            client.server = client._run(calls.hello(namespace, client_name))
+            client.server = client.drive(auth.handshake(namespace, client_name, credentials))
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"],
                                                  client.server.get("fd_socket", ""))

@@ -73,8 +73,10 @@ def check_frame_bounds(server: dict, header_bytes: int, payload_length: int) -> 
                         f"daemon's max_header_bytes ({max_header}); nothing was sent")
 
 
-def hello(namespace: str, client_name: str) -> Call:
-    return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name}])
+def hello(namespace: str, client_name: str, **credentials) -> Call:
+    """`credentials`: principal and proof, after auth_start (client/auth.py)."""
+    return Call("hello", [{"protocol": 1, "namespace": namespace, "client_name": client_name,
+                           **credentials}])
 
 
 def put(key: str, value, config: ReplicateConfig | None) -> Call:

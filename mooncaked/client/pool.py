@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from mooncaked.client import calls, operations
+from mooncaked.client import auth, calls, operations
 from mooncaked.client.api import BlockingCalls
 from mooncaked.client.blocking import BlockingClient, parse_address
 from mooncaked.client.calls import Call
@@ -36,9 +36,10 @@ DEFAULT_MAX_CONNECTIONS = 16
 class ClientPool(BlockingCalls):
     def __init__(self, address: str, namespace: str, client_name: str,
                  timeout_s: float | None, max_connections: int, map_segments: bool,
-                 tls=None) -> None:
+                 tls=None, credentials: auth.Credentials | None = None) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        self._credentials = credentials
         self.address = address
         self.namespace = namespace
         self.client_name = client_name
@@ -63,12 +64,13 @@ class ClientPool(BlockingCalls):
     def connect(cls, address: str, namespace: str = calls.DEFAULT_NAMESPACE,
                 client_name: str = "", timeout_s: float | None = 30.0,
                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                map_segments: bool = True, tls=None) -> "ClientPool":
-        """Open the first connection now, so that a wrong address or namespace is reported
-        here (OSError, ValueError or MooncakedError) rather than at the first call. `tls` as
-        BlockingClient.connect takes it."""
+                map_segments: bool = True, *, tls=None, principal: str | None = None,
+                secret: bytes | str | None = None) -> "ClientPool":
+        """Open the first connection now, so that a wrong address, namespace or credentials
+        are reported here (OSError, ValueError or MooncakedError) rather than at the first
+        call. `tls`, `principal` and `secret` as BlockingClient.connect takes them."""
         pool = cls(address, namespace, client_name, timeout_s, max_connections, map_segments,
-                   tls)
+                   tls, auth.resolve(principal, secret))
         with pool._lock:
             pool._open_count = 1
         try:
@@ -112,13 +114,19 @@ class ClientPool(BlockingCalls):
         connection = BlockingClient.connect(self.address, namespace=self.namespace,
                                             client_name=self.client_name,
                                             timeout_s=self.timeout_s, map_segments=False,
-                                            tls=self._tls)
+                                            tls=self._tls, **self._credential_args())
         try:
             self._share_segments(connection)
         except BaseException:
             connection.close()
             raise
         return connection
+
+    def _credential_args(self) -> dict:
+        # Resolved once at connect: every connection of the pool is the same principal.
+        if self._credentials is None:
+            return {}
+        return {"principal": self._credentials.principal, "secret": self._credentials.secret}
 
     def _share_segments(self, connection: BlockingClient) -> None:
         server = connection.server

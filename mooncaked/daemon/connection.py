@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from mooncaked.daemon import auth
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
 from mooncaked.proto import framing
 from mooncaked.proto.scratch import ScratchBuffer
@@ -61,6 +62,8 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self.connection_id = daemon.next_connection_id()
         self.transport: asyncio.Transport | None = None
         self.namespace: str | None = None  # set by hello
+        self.principal: str | None = None  # set by hello when authentication is on
+        self.auth_challenge: tuple | None = None  # auth_start's, until the hello that uses it
         self.client_name = ""
         # Unfinished shared-memory puts: object key -> (replicas, size_bytes).
         self.puts_in_progress: dict = {}
@@ -168,7 +171,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         started_ns = time.perf_counter_ns()
         daemon = self.daemon
         try:
-            if self.namespace is None and method != "hello":
+            if self.namespace is None and method not in auth.BEFORE_HELLO:
                 raise MooncakedError(ErrorCode.HANDSHAKE_REQUIRED, "send hello first")
             handler = daemon.handlers.get(method)
             if handler is None:
@@ -176,6 +179,8 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             if payload_length and method not in daemon.payload_methods:
                 # Refused before the handler runs, so the request has no effect at all.
                 raise MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes no payload")
+            if self.namespace is not None and daemon.auth is not None:
+                daemon.auth.authorize(self, method, params)
             outcome = handler(self, params, payload_length)
         except MooncakedError as exc:
             outcome = exc
@@ -292,7 +297,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         if isinstance(outcome, MooncakedError):
             transport.write(framing.error_head(msgid, outcome.code, outcome.message))
             result_name = code_name(outcome.code)
-            if outcome.code in (ErrorCode.VERSION_MISMATCH,):
+            if outcome.code in (ErrorCode.VERSION_MISMATCH, ErrorCode.AUTH_FAILED):
                 self._close()
         else:
             payload = outcome.payload

@@ -15,7 +15,7 @@ from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.meta.commands import QUOTA_DEFAULT, RESERVED_NAMESPACE
 from mooncaked.meta.master import ReplicateConfig
-from mooncaked.proto import framing
+from mooncaked.proto import framing, scram
 
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/-]{1,255}")  # the whole name: fullmatch
 ALL_NAMESPACES = "*"
@@ -126,7 +126,7 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
     options = params[0]
     if type(options) is not dict:
         raise _invalid("hello takes one map")
-    unknown = set(options) - {"protocol", "namespace", "client_name"}
+    unknown = set(options) - {"protocol", "namespace", "client_name", "principal", "proof"}
     if unknown:
         raise _invalid(f"unknown hello keys: {', '.join(sorted(map(str, unknown)))}")
     if options.get("protocol") != framing.PROTOCOL_VERSION:
@@ -140,10 +140,18 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
     if type(client_name) is not str:
         raise _invalid("client_name must be a str")
     daemon = conn.daemon
+    if daemon.auth is not None:
+        authenticated = daemon.auth.authenticate(conn, options, namespace)
+    elif "principal" in options or "proof" in options:
+        raise MooncakedError(ErrorCode.AUTH_FAILED, "authentication is off on this daemon: "
+                             "it cannot prove itself to a client that sends credentials")
+    else:
+        authenticated = {"principal": None}
     conn.namespace = namespace
     conn.client_name = client_name[:255]
     _give_segments(conn)
     return Reply({
+        **authenticated,
         "protocol": framing.PROTOCOL_VERSION,
         "server_version": __version__,
         "node_name": daemon.node_name,
@@ -167,6 +175,25 @@ def _give_segments(conn) -> None:
     conn.mappable_segments = daemon.mappable_segments(conn)
     if conn.mappable_segments and not conn.peer_pid:
         conn.peer_pid = peer_pid(conn.transport.get_extra_info("socket"))
+
+
+def handle_auth_start(conn, params: list, payload_length: int) -> Reply:
+    if conn.namespace is not None:
+        raise MooncakedError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "hello already "
+                             "succeeded on this connection")
+    _arity(params, 2, 2, "[principal, client_nonce]")
+    principal, client_nonce = params
+    if type(principal) is not str or not scram.PRINCIPAL_PATTERN.fullmatch(principal):
+        raise _invalid("principal must be 1-255 characters of [A-Za-z0-9._@:+-]")
+    if type(client_nonce) is not bytes or not \
+            scram.MIN_CLIENT_NONCE_BYTES <= len(client_nonce) <= scram.MAX_CLIENT_NONCE_BYTES:
+        raise _invalid(f"client_nonce must be a bin of {scram.MIN_CLIENT_NONCE_BYTES}-"
+                       f"{scram.MAX_CLIENT_NONCE_BYTES} bytes")
+    if conn.daemon.auth is None:
+        raise MooncakedError(ErrorCode.NOT_SUPPORTED, "authentication is off on this daemon "
+                             "([auth] credentials_file is empty); send hello without "
+                             "credentials")
+    return Reply(conn.daemon.auth.start(conn, principal, client_nonce))
 
 
 def handle_ping(conn, params: list, payload_length: int) -> Reply:

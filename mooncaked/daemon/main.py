@@ -23,7 +23,8 @@ import time
 from mooncaked import __version__
 from mooncaked import config as config_module
 from mooncaked._native import OffsetAllocator
-from mooncaked.daemon import handlers
+from mooncaked.credentials import CredentialsError
+from mooncaked.daemon import auth, handlers
 from mooncaked.daemon.connection import Connection
 from mooncaked.daemon.fd_handover import FdHandover
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
@@ -48,8 +49,10 @@ def monotonic_ms() -> int:
 
 
 class Daemon:
-    def __init__(self, config: config_module.Config) -> None:
+    def __init__(self, config: config_module.Config,
+                 authenticator: auth.Authenticator | None = None) -> None:
         self.config = config
+        self.auth = authenticator  # None: authentication off
         self.pid = os.getpid()
         self.node_name = config.node_name
         server = config.server
@@ -166,6 +169,13 @@ class Daemon:
             self.metrics_port = await self._metrics.start(metrics.host, metrics.port)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
+        if self.auth is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.auth.reload)
+        elif not auth.is_loopback(server.tcp_host):
+            log.warning("authentication is off ([auth] credentials_file is empty) and the TCP "
+                        "listener is on %s, not loopback: anyone who can reach port %d may "
+                        "read, write and remove every namespace's objects", server.tcp_host,
+                        self.tcp_port)
         self._schedule_sweep()
         log.info("mooncaked %s on %s: tcp%s %s:%d, unix %s, metrics %s, %d segment(s) of %d "
                  "bytes, loop %s", __version__, self.node_name,
@@ -458,9 +468,10 @@ class Daemon:
 
 
 async def serve(config: config_module.Config, loop_reason: str = "",
-                join_address: str = "") -> int:
+                join_address: str = "", authenticator: auth.Authenticator | None = None
+                ) -> int:
     """Run a daemon until it is stopped; its exit status."""
-    daemon = Daemon(config)
+    daemon = Daemon(config, authenticator)
     daemon.loop_reason = loop_reason
     daemon.join_address = join_address
     try:
@@ -502,6 +513,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.join and not config.cluster.enabled:
         print("mooncaked: --join needs [cluster] enabled = true", file=sys.stderr)
         return 2
+    authenticator = None
+    if config.auth.credentials_file:
+        try:
+            authenticator = auth.Authenticator.load(config.auth.credentials_file)
+        except CredentialsError as exc:
+            print(f"mooncaked: credentials error ([auth] credentials_file in {config.source}): "
+                  f"{exc}", file=sys.stderr)
+            return 2
     if args.check_config:
         import json
         print(json.dumps(config.as_dict(), indent=2))
@@ -517,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("event loop: %s", loop_reason)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(serve(config, loop_reason, args.join))
+            return runner.run(serve(config, loop_reason, args.join, authenticator))
     except (OSError, ValueError) as exc:
         print(f"mooncaked: cannot start: {exc}", file=sys.stderr)
         return 1
