@@ -57,6 +57,18 @@ class ServerConfig:
         64 * MIB, 0, 1 << 40, unit="bytes",
         doc="segment space one local connection may hold reserved for its next puts; "
         "0 = no reservations")
+    max_response_bytes_per_connection: int = _key(
+        64 * MIB, 64 * 1024, 1 << 40, unit="bytes",
+        doc="a connection's requests wait while more than this of its responses is unsent")
+    hello_timeout_ms: int = _key(10_000, 1, 3_600_000, unit="ms",
+                                 doc="a connection that has not said hello by then is closed")
+    frame_timeout_ms: int = _key(30_000, 1, 3_600_000, unit="ms",
+                                 doc="a connection whose half-sent frame (prefix, header or "
+                                 "payload) receives no byte for this long is closed")
+    payload_timeout_ms: int = _key(60_000, 1, 86_400_000, unit="ms",
+                                   doc="a request's payload must arrive within this after its "
+                                   "header (a put's: also within half of [store] "
+                                   "put_start_release_timeout_ms), or the connection is closed")
     shutdown_grace_ms: int = _key(5000, 0, 3_600_000, unit="ms",
                                   doc="on SIGTERM, time given to in-flight requests")
     loop: str = _key("auto", choices=("auto", "uring", "asyncio"),

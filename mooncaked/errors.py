@@ -46,6 +46,11 @@ class ErrorCode(enum.IntEnum):
     # Cluster: the request reached the log but leadership changed before it was applied: it
     # may or may not take effect. Check (exists / get) before retrying a non-idempotent call.
     OUTCOME_UNKNOWN = -3008
+    # A connection deadline passed (hello, a frame's progress, a payload); sent as a
+    # protocol_error notification, then the connection is closed.
+    TIMED_OUT = -3009
+    # A response would carry more than max_payload_bytes; the connection stays usable.
+    RESPONSE_TOO_LARGE = -3010
 
 
 def code_name(code: int) -> str:

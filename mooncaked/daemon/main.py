@@ -55,6 +55,7 @@ class Daemon:
         self.max_payload_bytes = server.max_payload_bytes
         self.max_key_bytes = server.max_key_bytes
         self.max_batch_keys = server.max_batch_keys
+        self.max_response_bytes = server.max_response_bytes_per_connection
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
         self.stats = Stats()
@@ -173,6 +174,11 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
+            if self._close_late_connections():
+                # One was receiving a put into segment ranges: the sweep frees nothing before
+                # a loop iteration has cancelled that receive (the next tick).
+                self._schedule_sweep()
+                return
             if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
                 released = self.master.tick(self.now_ms())
                 if released and self.reservations:
@@ -185,6 +191,16 @@ class Daemon:
                 self._last_status = line
                 self._notifier.notify(STATUS=line)
         self._schedule_sweep()
+
+    def _close_late_connections(self) -> bool:
+        """Close connections past a deadline (connection.py); True if one of them was
+        receiving a put's payload into segment ranges."""
+        now_ms = self.now_ms()
+        receiving_put = False
+        for conn in list(self.connections):
+            if conn.check_deadlines(now_ms):
+                receiving_put = True
+        return receiving_put
 
     def next_connection_id(self) -> int:
         self._connection_ids += 1
@@ -298,6 +314,9 @@ class Daemon:
             "objects": self.objects_count(), "used_bytes": state.used_bytes(),
             "reserved_bytes": self.reservations.reserved_bytes(),
             "capacity_bytes": state.capacity_bytes(), "connections": len(self.connections),
+            "unsent_response_bytes": sum(conn.transport.get_write_buffer_size()
+                                         for conn in self.connections
+                                         if conn.transport is not None),
             "leases": self.master.active_leases(self.now_ms()),
             "puts_in_progress": self.puts_in_progress(), "tcp_port": self.tcp_port,
             "unix_socket": self.config.server.unix_socket, "metrics_port": self.metrics_port,

@@ -1,0 +1,293 @@
+"""Slow, stalled and greedy clients against a real daemon: what it bounds, and what it keeps.
+
+Each test starts a real `mooncaked` (conftest's `make_daemon`) on each event loop
+(`[server] loop`), misbehaves over raw sockets (tests/wire_helpers.py), then checks the bytes
+another client reads back, the answers the misbehaving client gets (PROTOCOL.md: a
+`protocol_error` notification with a code, then close), and the daemon's own accounting
+(`status`: used bytes, buffered response bytes). Waiting is always bounded and polled; no
+assertion is about time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+import wire_helpers
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.proto import framing
+from wire_helpers import read_frame, request_frame
+
+IO_TIMEOUT_S = 10.0  # a bound on waiting for the daemon, never an assertion
+POLL_TIMEOUT_S = 30.0  # how long a condition may take to hold (a sweep, a timeout)
+
+LOOPS = ["asyncio", "uring"]
+
+
+def loop_usable(name: str) -> bool:
+    if name == "asyncio":
+        return True
+    try:
+        from mooncaked.io import uring
+    except ImportError:
+        return False
+    return uring.usable()[0]
+
+
+@pytest.fixture(params=LOOPS)
+def loop_name(request) -> str:
+    if not loop_usable(request.param):
+        pytest.skip(f"the {request.param} loop is not usable here")
+    return request.param
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def connect(daemon, kind: str = "tcp") -> socket.socket:
+    return wire_helpers.connect(daemon, kind, IO_TIMEOUT_S, nodelay=True)
+
+
+def call(sock: socket.socket, msgid: int, method: str, params: list, payload: bytes = b""):
+    """Send one request and read its response: (error, result, payload)."""
+    sock.sendall(request_frame(msgid, method, params, payload))
+    header, response_payload = read_frame(sock)
+    assert header[0] == framing.RESPONSE and header[1] == msgid, header
+    return header[2], header[3], response_payload
+
+
+def hello(sock: socket.socket) -> dict:
+    error, result, _ = call(sock, 0, "hello", [{"protocol": 1, "client_name": "overload"}])
+    assert error is None, error
+    return result
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            return bytes(data)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+
+
+def protocol_error_code(data: bytes) -> int:
+    """The code of the protocol_error notification that `data` (all the daemon sent) ends with."""
+    frames = wire_helpers.split_frames(data)
+    assert frames, "the daemon closed without a protocol_error notification"
+    header, _ = frames[-1]
+    assert header[0] == framing.NOTIFICATION and header[1] == "protocol_error", header
+    return header[2][0]
+
+
+def poll(condition, what: str, timeout_s: float = POLL_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout_s} s")
+        time.sleep(0.05)
+
+
+def status(daemon) -> dict:
+    with connect(daemon) as sock:
+        hello(sock)
+        error, result, _ = call(sock, 1, "status", [])
+        assert error is None, error
+        return result
+
+
+def used_bytes(daemon) -> int:
+    return status(daemon)["used_bytes"]
+
+
+# -- 1. a revoked put never writes into another object's range ------------------------------
+
+VALUE_BYTES = 3 << 20  # in a 4 MiB segment, one value fits at a time: a new put must reuse it
+
+
+def test_stalled_put_cannot_overwrite_the_range_that_replaced_it(make_daemon, loop_name):
+    daemon = make_daemon(
+        server={"loop": loop_name},
+        segments={"size_bytes": 4 << 20},
+        store={"put_start_release_timeout_ms": 1000, "put_start_discard_timeout_ms": 1000,
+               "eviction_interval_ms": 20, "eviction_high_watermark_ratio": 1.0})
+    stalled = connect(daemon)
+    hello(stalled)
+    head = framing.request_head(1, "put", ["stalled"], VALUE_BYTES)
+    stalled.sendall(head + b"\xee" * (VALUE_BYTES // 2))
+
+    # Another client's put of the same size fits only once the stalled put's range is free.
+    value = os.urandom(VALUE_BYTES)
+    with connect(daemon) as other:
+        hello(other)
+
+        def stored() -> bool:
+            error, result, _ = call(other, 2, "put", ["fresh"], value)
+            if error is not None:
+                assert error[0] == ErrorCode.NO_AVAILABLE_HANDLE, error
+                return False
+            assert result is True
+            return True
+        poll(stored, "room for a second put")
+
+        # The stalled client sends the rest of its payload: it must land nowhere.
+        try:
+            stalled.sendall(b"\xff" * (VALUE_BYTES - VALUE_BYTES // 2))
+        except OSError:
+            pass  # the daemon closed the stalled connection: its bytes land nowhere either
+        time.sleep(0.2)  # time for the bytes to land, were they to land anywhere
+
+        error, size, payload = call(other, 3, "get", ["fresh"])
+        assert error is None, error
+        assert size == VALUE_BYTES
+        assert payload == value, "the stalled client's bytes overwrote another object"
+        error, _, _ = call(other, 4, "get", ["stalled"])
+        assert error[0] == ErrorCode.OBJECT_NOT_FOUND
+    data = read_until_closed(stalled)
+    stalled.close()
+    assert protocol_error_code(data) == ErrorCode.TIMED_OUT
+
+
+# -- 3. deadlines: hello, a frame's progress, a payload -------------------------------------
+
+def test_a_connection_that_never_says_hello_is_closed(make_daemon, loop_name):
+    daemon = make_daemon(server={"loop": loop_name, "hello_timeout_ms": 300})
+    silent = connect(daemon)
+    greeted = connect(daemon)
+    hello(greeted)
+    data = read_until_closed(silent)
+    silent.close()
+    assert protocol_error_code(data) == ErrorCode.TIMED_OUT
+    # The hello timeout is for the hello only: a connection that said it stays open.
+    time.sleep(0.5)
+    error, result, _ = call(greeted, 1, "ping", [])
+    assert error is None and result == "pong"
+    greeted.close()
+
+
+@pytest.mark.parametrize("part", ["prefix", "header", "payload"])
+def test_a_half_sent_frame_is_closed_and_frees_its_space(make_daemon, loop_name, part):
+    daemon = make_daemon(server={"loop": loop_name, "frame_timeout_ms": 300})
+    baseline = used_bytes(daemon)
+    frame = request_frame(1, "put", [f"half-{part}"], b"v" * 100_000)
+    prefix_end = framing.PREFIX_BYTES
+    header_end = len(framing.request_head(1, "put", [f"half-{part}"], 100_000))
+    cut = {"prefix": prefix_end // 2, "header": (prefix_end + header_end) // 2,
+           "payload": header_end + 50_000}[part]
+    with connect(daemon) as sock:
+        hello(sock)
+        sock.sendall(frame[:cut])
+        data = read_until_closed(sock)
+    assert protocol_error_code(data) == ErrorCode.TIMED_OUT
+    poll(lambda: used_bytes(daemon) == baseline, "back to the used bytes before the put")
+    with connect(daemon) as sock:  # the daemon still serves
+        hello(sock)
+        error, result, _ = call(sock, 1, "put", ["after"], b"x")
+        assert error is None and result is True
+
+
+def test_a_trickled_put_cannot_hold_its_space(make_daemon, loop_name):
+    daemon = make_daemon(server={"loop": loop_name, "payload_timeout_ms": 500,
+                                 "frame_timeout_ms": 60_000})
+    baseline = used_bytes(daemon)
+    size = 1 << 20
+    with connect(daemon) as sock:
+        hello(sock)
+        sock.sendall(framing.request_head(1, "put", ["trickled"], size))
+        sent = 0
+        try:
+            while sent < size:  # a byte now and then: the frame progresses, the put does not
+                sock.sendall(b"t")
+                sent += 1
+                time.sleep(0.02)
+                if sent % 10 == 0 and used_bytes(daemon) == baseline:
+                    break
+        except OSError:
+            pass  # closed by the daemon
+        data = read_until_closed(sock)
+    assert sent < size
+    assert protocol_error_code(data) == ErrorCode.TIMED_OUT
+    poll(lambda: used_bytes(daemon) == baseline, "back to the used bytes before the put")
+
+
+# -- 2. response memory per connection ---------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def rss_anon_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/PID/status")
+
+
+def test_a_client_that_pipelines_and_never_reads_holds_a_bounded_amount(make_daemon, loop_name):
+    bound = 4 * MIB
+    daemon = make_daemon(server={"loop": loop_name, "max_response_bytes_per_connection": bound})
+    value = os.urandom(MIB)
+    with connect(daemon) as writer:
+        hello(writer)
+        assert call(writer, 1, "put", ["big"], value)[0] is None
+    count = 300  # 300 MiB of responses, were they all buffered
+    greedy = connect(daemon)
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    hello(greedy)
+    rss_before = rss_anon_bytes(daemon.process.pid)
+    greedy.sendall(b"".join(request_frame(10 + i, "get", ["big"]) for i in range(count)))
+
+    # The daemon stops dispatching: what it holds unsent stays within the bound + one response.
+    time.sleep(1.0)
+    unsent = poll(lambda: status(daemon)["unsent_response_bytes"] or None, "any unsent bytes")
+    assert unsent <= bound + MIB + 64 * 1024
+    assert rss_anon_bytes(daemon.process.pid) - rss_before < 64 * MIB
+
+    # Another client is answered meanwhile.
+    with connect(daemon) as other:
+        hello(other)
+        error, size, payload = call(other, 1, "get", ["big"])
+        assert error is None and payload == value
+
+    # Nothing was dropped: the greedy client reads every answer, in order.
+    for i in range(count):
+        header, payload = read_frame(greedy)
+        assert header[:3] == [framing.RESPONSE, 10 + i, None], header[:3]
+        assert payload == value
+    greedy.close()
+
+
+def test_a_batch_get_over_max_payload_bytes_is_refused_and_the_connection_stays(make_daemon,
+                                                                             loop_name):
+    daemon = make_daemon(server={"loop": loop_name, "max_payload_bytes": 4 * MIB})
+    with connect(daemon) as sock:
+        hello(sock)
+        keys = [f"k{i}" for i in range(5)]
+        for i, key in enumerate(keys):
+            assert call(sock, 1 + i, "put", [key], os.urandom(MIB))[0] is None
+        error, result, payload = call(sock, 10, "batch_get", [keys])
+        assert error[0] == ErrorCode.RESPONSE_TOO_LARGE, error
+        assert result is None and payload == b""
+        # No lease was granted by the refused batch: a plain remove succeeds.
+        assert call(sock, 11, "remove", [keys[0]])[0] is None
+        error, sizes, payload = call(sock, 12, "batch_get", [keys[1:]])
+        assert error is None and sizes == [MIB] * 4 and len(payload) == 4 * MIB
+
+
+def test_a_batch_get_whose_response_exceeds_32_bits_is_refused(make_daemon, loop_name):
+    """8,192 x 1 MiB: over 4 GiB, more than a frame's length field can say."""
+    daemon = make_daemon(server={"loop": loop_name})
+    with connect(daemon) as sock:
+        hello(sock)
+        assert call(sock, 1, "put", ["one"], os.urandom(MIB))[0] is None
+        error, _, _ = call(sock, 2, "batch_get", [["one"] * 8192])
+        assert error[0] == ErrorCode.RESPONSE_TOO_LARGE, error
+        assert call(sock, 3, "ping", [])[1] == "pong"
