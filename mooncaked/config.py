@@ -46,6 +46,9 @@ class ServerConfig:
     unix_socket: str = _key("/run/mooncaked/mooncaked.sock",
                             doc="Unix socket path; empty = no Unix socket")
     max_connections: int = _key(1024, 1, 1 << 20, doc="open client connections at most")
+    admin_connections: int = _key(4, 0, 64,
+                                  doc="Unix socket connections taken beyond max_connections, "
+                                  "for the administration methods (mooncakectl) only")
     max_header_bytes: int = _key(MIB, 256, 64 * MIB, unit="bytes", doc="largest frame header")
     max_payload_bytes: int = _key(GIB, 1, 0xFFFFFFFF, unit="bytes",
                                   doc="largest frame payload (value bytes of one request)")

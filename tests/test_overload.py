@@ -291,3 +291,77 @@ def test_a_batch_get_whose_response_exceeds_32_bits_is_refused(make_daemon, loop
         error, _, _ = call(sock, 2, "batch_get", [["one"] * 8192])
         assert error[0] == ErrorCode.RESPONSE_TOO_LARGE, error
         assert call(sock, 3, "ping", [])[1] == "pong"
+
+
+# -- 4. idle connections cost little; a full daemon still answers mooncakectl -------------------
+
+def test_idle_connections_before_hello_hold_small_buffers(make_daemon, loop_name):
+    daemon = make_daemon(server={"loop": loop_name})
+    count = 400
+    with connect(daemon) as first:  # the daemon's own start-up allocations are done
+        hello(first)
+    before = rss_anon_bytes(daemon.process.pid)
+    sockets = [connect(daemon) for _ in range(count)]
+    try:
+        poll(lambda: status(daemon)["connections"] >= count, f"{count} connections open")
+        grown = rss_anon_bytes(daemon.process.pid) - before
+        # A 256 KiB receive buffer each would be 100 MiB; a small one and the connection's own
+        # objects are a few KiB.
+        assert grown < count * 64 * 1024, grown
+        for sock in sockets[:3]:  # they still work, and get the full buffer after hello
+            hello(sock)
+            value = os.urandom(300_000)
+            assert call(sock, 1, "put", [f"v{sock.fileno()}"], value)[0] is None
+            assert call(sock, 2, "get", [f"v{sock.fileno()}"])[2] == value
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_full_daemon_keeps_administrative_slots_on_the_unix_socket(make_daemon, loop_name):
+    daemon = make_daemon(server={"loop": loop_name, "max_connections": 2,
+                                 "admin_connections": 1})
+    clients = [connect(daemon, "unix"), connect(daemon)]
+    for sock in clients:
+        hello(sock)
+    try:
+        # Over TCP, a third client is refused.
+        with connect(daemon) as refused:
+            assert protocol_error_code(read_until_closed(refused)) == ErrorCode.BUSY
+        # On the Unix socket, one more connection may administer, and only that.
+        admin = connect(daemon, "unix")
+        hello(admin)
+        error, result, _ = call(admin, 1, "status", [])
+        assert error is None and result["connections"] == 3
+        error, _, _ = call(admin, 2, "put", ["not-here"], b"value")
+        assert error[0] == ErrorCode.BUSY
+        error, _, _ = call(admin, 3, "get", ["not-here"])
+        assert error[0] == ErrorCode.BUSY
+        # mooncakectl itself gets through only while the slot is free.
+        assert ctl_status(daemon).returncode != 0
+        admin.close()
+        done = poll(lambda: (lambda d: d if d.returncode == 0 else None)(ctl_status(daemon)),
+                    "mooncakectl status answered")
+        assert "connections" in done.stdout
+        # Every slot counts again once clients leave: a regular client gets in.
+        clients.pop().close()
+        poll(lambda: status_via_unix_ok(daemon), "a regular connection accepted")
+    finally:
+        for sock in clients:
+            sock.close()
+
+
+def ctl_status(daemon):
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env.pop("MOONCAKED_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "mooncaked.ctl", "-a", daemon.unix_address,
+                           "-o", "json", "status"], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def status_via_unix_ok(daemon) -> bool:
+    with connect(daemon, "unix") as sock:
+        hello(sock)
+        return call(sock, 1, "put", ["regular"], b"v")[0] is None

@@ -66,6 +66,8 @@ class Incoming:
 
 class Connection(ScratchBuffer, asyncio.BufferedProtocol):
     scratch_bytes = 256 * 1024  # headers, and small requests whole
+    # Until hello: room for a hello, so that idle and unidentified connections cost little.
+    first_scratch_bytes = 4 * 1024
     discard_bytes = 256 * 1024
 
     def __init__(self, daemon, transport_kind: str) -> None:
@@ -81,7 +83,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         # (segment_id, offset) pairs, and the sum of their sizes.
         self.reservations: set = set()
         self.reserved_bytes = 0
-        self._init_scratch()
+        self._init_scratch(self.first_scratch_bytes)
         # The request whose payload is being received.
         self._incoming: Incoming | None = None
         self._incoming_msgid = 0
@@ -198,6 +200,8 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             msgid, method, params = framing.parse_request(header)
             self._dispatch(msgid, method, params, payload_length)
         self._reset_if_consumed()
+        if self.namespace is not None and len(self._scratch) < self.scratch_bytes:
+            self._grow(self.scratch_bytes)  # said hello: full size for pipelined requests
 
     def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
         started_ns = time.perf_counter_ns()
@@ -413,3 +417,27 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self._closing = True
         if self.transport is not None:
             self.transport.abort()
+
+
+class AdminConnection(Connection):
+    """A Unix socket connection accepted beyond `max_connections`, in one of the
+    `admin_connections` slots kept so that `mooncakectl` reaches a daemon that is full: it may
+    call the administration methods only (PROTOCOL.md 5.3); others answer BUSY."""
+
+    methods = frozenset(("hello", "ping", "status", "segments", "objects_list", "object_stat",
+                         "config_show", "cluster_status"))
+
+    def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
+        if method in self.methods:
+            super()._dispatch(msgid, method, params, payload_length)
+            return
+        error = MooncakedError(ErrorCode.BUSY,
+                               f"{method!r} on an administrative connection: the daemon has "
+                               "its max_connections clients")
+        if payload_length:
+            def fail() -> Reply:
+                raise error
+            self._begin_payload(msgid, method, Incoming([payload_length], fail), payload_length,
+                                time.perf_counter_ns())
+        else:
+            self._respond(msgid, method, error, time.perf_counter_ns())

@@ -24,7 +24,7 @@ from mooncaked import __version__
 from mooncaked import config as config_module
 from mooncaked._native import OffsetAllocator
 from mooncaked.daemon import handlers
-from mooncaked.daemon.connection import Connection
+from mooncaked.daemon.connection import AdminConnection, Connection
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
 from mooncaked.daemon.reservations import Reservations
 from mooncaked.daemon.sdnotify import Notifier
@@ -60,6 +60,7 @@ class Daemon:
         self.handlers = handlers.HANDLERS
         self.stats = Stats()
         self.connections: set[Connection] = set()
+        self.admin_connections = 0  # of them, in the Unix socket's administrative slots
         self.draining = False
         self.started_at = time.time()
         self.tcp_port = 0
@@ -158,9 +159,15 @@ class Daemon:
                 raise SystemExit(f"mooncaked: another daemon listens on {path}")
             finally:
                 probe.close()
-        unix = await loop.create_unix_server(lambda: Connection(self, "unix"), path)
+        unix = await loop.create_unix_server(self._unix_connection, path)
         os.chmod(path, 0o660)
         return unix
+
+    def _unix_connection(self) -> Connection:
+        """A full daemon still takes a few administrative connections on the Unix socket."""
+        if len(self.connections) - self.admin_connections >= self.config.server.max_connections:
+            return AdminConnection(self, "unix")
+        return Connection(self, "unix")
 
     # -- running ----------------------------------------------------------------------------
 
@@ -207,18 +214,31 @@ class Daemon:
         return self._connection_ids
 
     def connection_opened(self, conn: Connection) -> None:
-        if self.draining or len(self.connections) >= self.config.server.max_connections:
+        server = self.config.server
+        admin = type(conn) is AdminConnection
+        if admin:
+            full = self.admin_connections >= server.admin_connections
+        else:
+            full = len(self.connections) - self.admin_connections >= server.max_connections
+        if self.draining or full:
             reason = ("the daemon is stopping" if self.draining else
-                      f"too many connections ({self.config.server.max_connections})")
+                      f"too many connections ({server.max_connections}"
+                      + (f" and {server.admin_connections} administrative)" if admin else ")"))
             code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.BUSY
             conn.transport.write(framing.protocol_error_head(code, reason))
             conn.transport.close()
             return
         self.connections.add(conn)
+        if admin:
+            self.admin_connections += 1
         self.stats.connections_total += 1
 
     def connection_closed(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return  # refused at connection_opened
         self.connections.discard(conn)
+        if type(conn) is AdminConnection:
+            self.admin_connections -= 1
         for key in list(conn.puts_in_progress):
             try:
                 self.master.put_revoke(key, conn.connection_id)
