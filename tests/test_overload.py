@@ -365,3 +365,78 @@ def status_via_unix_ok(daemon) -> bool:
     with connect(daemon, "unix") as sock:
         hello(sock)
         return call(sock, 1, "put", ["regular"], b"v")[0] is None
+
+
+# -- 5. a shm_dir too small for the segments -------------------------------------------------
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 8 MiB tmpfs of its own (mounting needs root)."""
+    import subprocess
+    mount_point = tmp_path / "small-shm"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "mooncaked-test",
+                           str(mount_point)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield str(mount_point)
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def start_refused(tmp_path, shm_dir: str, segments: dict):
+    import subprocess
+    import sys
+    from conftest import REPO, free_port, write_config
+    config = tmp_path / "refused.toml"
+    write_config(str(config), {
+        "server": {"tcp_port": free_port(), "unix_socket": str(tmp_path / "refused.sock")},
+        "segments": {"shm_dir": shm_dir, **segments},
+        "metrics": {"enabled": False}})
+    return subprocess.run([sys.executable, "-m", "mooncaked", "--config", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_a_segment_larger_than_the_free_space_is_refused_at_start(tmp_path, small_tmpfs,
+                                                                  prefault):
+    result = start_refused(tmp_path, small_tmpfs, {"size_bytes": 16 << 20,
+                                                   "prefault": prefault})
+    assert result.returncode == 1, (result.returncode, result.stderr)  # not -SIGBUS
+    assert "needs 16777216 bytes" in result.stderr and small_tmpfs in result.stderr
+    assert "bytes free" in result.stderr
+    assert os.listdir(small_tmpfs) == []  # nothing left behind
+
+
+def test_the_second_segment_that_does_not_fit_refuses_and_removes_the_first(tmp_path,
+                                                                            small_tmpfs):
+    result = start_refused(tmp_path, small_tmpfs, {"size_bytes": 5 << 20, "count": 2})
+    assert result.returncode == 1, result.stderr
+    assert "segment 1 needs 5242880 bytes" in result.stderr
+    assert os.listdir(small_tmpfs) == []
+
+
+def test_a_full_shm_dir_cannot_take_the_segments_memory_away(small_tmpfs, make_daemon,
+                                                             loop_name):
+    from mooncaked import BlockingClient
+    daemon = make_daemon(server={"loop": loop_name},
+                         segments={"size_bytes": 4 << 20, "shm_dir": small_tmpfs})
+    # Another user of the file system takes every byte left.
+    with open(os.path.join(small_tmpfs, "filler"), "wb") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        except OSError:
+            pass
+    value = os.urandom(2 << 20)
+    with connect(daemon) as sock:  # over TCP: received into the segment by the daemon
+        hello(sock)
+        assert call(sock, 1, "put", ["tcp"], value)[0] is None
+        assert call(sock, 2, "get", ["tcp"])[2] == value
+    with BlockingClient.connect(daemon.unix_address) as client:  # shared memory
+        assert client.put("shm", value[:1 << 20])
+        assert client.get("shm") == value[:1 << 20]
+    assert daemon.process.poll() is None

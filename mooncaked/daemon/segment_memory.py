@@ -8,10 +8,16 @@ by a daemon that died are removed at the next start.
 Placement: the mapping's memory policy binds its pages to `numa_node` before any is touched
 (tmpfs pages are allocated by the first touch, in the daemon or a client, and follow the
 policy of the mapping that touches them; `prefault` makes that the daemon's, at start).
+
+Reservation: the file's space is allocated at start (posix_fallocate, after the binding), so
+a shm_dir with less free space than the segment refuses to start, naming the sizes. Without
+it a full tmpfs is found by the first write to a page it cannot back: SIGBUS in whoever
+touches it (the daemon's copies, a local client), EFAULT in a receive.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -72,30 +78,43 @@ class SegmentMemory:
             check_hugetlbfs(shm_dir, size_bytes)
         self.path = os.path.join(shm_dir, segment_file_name(os.getpid(), segment_id))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        self.mmap = None
         try:
             os.fchmod(fd, mode)  # not narrowed by the umask
             os.ftruncate(fd, size_bytes)
             self.mmap = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            os.unlink(self.path)
-            raise
-        os.close(fd)
-        try:
             self.address = buffer_address(self.mmap)
             if numa_node >= 0:
                 bind_to_node(self.address, size_bytes, numa_node)
             if huge_pages == "transparent":
                 self.mmap.madvise(mmap.MADV_HUGEPAGE)
                 warn_if_shmem_thp_off()
+            self._reserve(fd, shm_dir)
             if prefault:
                 self._prefault()
         except BaseException:
-            self.mmap.close()
+            if self.mmap is not None:
+                self.mmap.close()
             os.unlink(self.path)
             raise
+        finally:
+            os.close(fd)
         self.view = memoryview(self.mmap)
+
+    def _reserve(self, fd: int, shm_dir: str) -> None:
+        """Allocate the file's pages (under the mapping's NUMA policy), or refuse."""
+        try:
+            os.posix_fallocate(fd, 0, self.size_bytes)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                raise
+            stats = os.statvfs(shm_dir)
+            raise ValueError(
+                f"segment {self.segment_id} needs {self.size_bytes} bytes but shm_dir {shm_dir} "
+                f"has {stats.f_bavail * stats.f_frsize} bytes free (of "
+                f"{stats.f_blocks * stats.f_frsize}): lower [segments] size_bytes or count, or "
+                f"make room ({exc.strerror})") from None
 
     def _prefault(self) -> None:
         try:
