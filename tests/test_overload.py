@@ -295,7 +295,7 @@ def test_a_batch_get_whose_response_exceeds_32_bits_is_refused(make_daemon, loop
 
 # -- 4. idle connections cost little; a full daemon still answers mooncakectl -------------------
 
-def test_idle_connections_before_hello_hold_small_buffers(make_daemon, loop_name):
+def test_idle_connections_hold_small_buffers(make_daemon, loop_name):
     daemon = make_daemon(server={"loop": loop_name})
     count = 400
     with connect(daemon) as first:  # the daemon's own start-up allocations are done
@@ -308,7 +308,7 @@ def test_idle_connections_before_hello_hold_small_buffers(make_daemon, loop_name
         # A 256 KiB receive buffer each would be 100 MiB; a small one and the connection's own
         # objects are a few KiB.
         assert grown < count * 64 * 1024, grown
-        for sock in sockets[:3]:  # they still work, and get the full buffer after hello
+        for sock in sockets[:3]:  # they still work, with values larger than the buffer
             hello(sock)
             value = os.urandom(300_000)
             assert call(sock, 1, "put", [f"v{sock.fileno()}"], value)[0] is None
@@ -440,3 +440,85 @@ def test_a_full_shm_dir_cannot_take_the_segments_memory_away(small_tmpfs, make_d
         assert client.put("shm", value[:1 << 20])
         assert client.get("shm") == value[:1 << 20]
     assert daemon.process.poll() is None
+
+
+# -- 6. overload: many connections, many clients that do not read -------------------------------
+
+def test_thousands_of_connections_are_bounded_and_the_daemon_keeps_answering(make_daemon,
+                                                                              loop_name):
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    total = min(2000, soft // 2 - 64)  # the daemon (a child) has the same limit
+    if total < 200:
+        pytest.skip(f"the fd limit ({soft}) is too low for this test")
+    accepted = total * 3 // 4
+    daemon = make_daemon(server={"loop": loop_name, "max_connections": accepted,
+                                 "hello_timeout_ms": 600_000})
+    with connect(daemon) as first:
+        hello(first)
+    before = rss_anon_bytes(daemon.process.pid)
+    sockets = []
+    try:
+        for _ in range(total):
+            sockets.append(connect(daemon))
+        # Past max_connections: a BUSY notification and a closed connection, not a bigger
+        # daemon. Which ones is the daemon's choice (the order it accepts them in).
+        working, refused = [], 0
+        for sock in sockets:
+            sock.sendall(request_frame(0, "hello", [{"protocol": 1}]))
+            header, _ = read_frame(sock)
+            if header[0] == framing.NOTIFICATION:
+                assert header[1] == "protocol_error" and header[2][0] == ErrorCode.BUSY, header
+                refused += 1
+            else:
+                assert header[2] is None, header
+                working.append(sock)
+        assert len(working) == accepted and refused == total - accepted
+        error, result, _ = call(working[0], 1, "status", [])
+        assert result["connections"] == accepted
+        assert rss_anon_bytes(daemon.process.pid) - before < accepted * 64 * 1024
+        # Accepted connections still work.
+        for index, sock in enumerate(working[::max(1, accepted // 20)]):
+            value = os.urandom(1000 + index)
+            assert call(sock, 2, "put", [f"c{index}"], value)[0] is None
+            assert call(sock, 3, "get", [f"c{index}"])[2] == value
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_many_clients_that_never_read_hold_bounded_memory(make_daemon, loop_name):
+    bound = 2 * MIB
+    readers = 16
+    daemon = make_daemon(server={"loop": loop_name, "max_response_bytes_per_connection": bound})
+    value = os.urandom(MIB)
+    with connect(daemon) as writer:
+        hello(writer)
+        assert call(writer, 1, "put", ["big"], value)[0] is None
+    before = rss_anon_bytes(daemon.process.pid)
+    greedy = []
+    try:
+        for index in range(readers):
+            sock = connect(daemon)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            greedy.append(sock)
+            hello(sock)
+            # 64 MiB of answers asked for by each, none read.
+            sock.sendall(b"".join(request_frame(i, "get", ["big"]) for i in range(64)))
+        # Another client is answered, and the daemon holds at most bound + one response each.
+        with connect(daemon) as other:
+            hello(other)
+            for i in range(5):
+                error, _, payload = call(other, 10 + i, "get", ["big"])
+                assert error is None and payload == value
+        unsent = status(daemon)["unsent_response_bytes"]
+        assert unsent <= readers * (bound + MIB + 64 * 1024), unsent
+        assert rss_anon_bytes(daemon.process.pid) - before < readers * (bound + 2 * MIB), \
+            "the daemon grew with the responses nobody reads"
+    finally:
+        for sock in greedy:
+            sock.close()
+    # Closing them frees their leases and buffers: the value can be removed without force.
+    with connect(daemon) as sock:
+        hello(sock)
+        poll(lambda: status(daemon)["unsent_response_bytes"] == 0, "no unsent responses")

@@ -65,9 +65,11 @@ class Incoming:
 
 
 class Connection(ScratchBuffer, asyncio.BufferedProtocol):
-    scratch_bytes = 256 * 1024  # headers, and small requests whole
-    # Until hello: room for a hello, so that idle and unidentified connections cost little.
-    first_scratch_bytes = 4 * 1024
+    # Receive buffer for headers and small requests: it starts small, so that idle connections
+    # (unidentified ones, a client pool's spares) cost little, and grows while reads fill it
+    # (a client that pipelines), up to max_scratch_bytes.
+    scratch_bytes = 4 * 1024
+    max_scratch_bytes = 256 * 1024
     discard_bytes = 256 * 1024
 
     def __init__(self, daemon, transport_kind: str) -> None:
@@ -83,7 +85,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         # (segment_id, offset) pairs, and the sum of their sizes.
         self.reservations: set = set()
         self.reserved_bytes = 0
-        self._init_scratch(self.first_scratch_bytes)
+        self._init_scratch()
         # The request whose payload is being received.
         self._incoming: Incoming | None = None
         self._incoming_msgid = 0
@@ -156,6 +158,12 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             self._skip_empty_targets()
         else:
             self._end += nbytes
+            if self._end == len(self._scratch) and self.scratch_bytes < self.max_scratch_bytes:
+                # The read filled the buffer: more is likely waiting. (An instance attribute
+                # from now on, which _reset_if_consumed shrinks back to after a large header.)
+                self.scratch_bytes = min(self.scratch_bytes * 4, self.max_scratch_bytes)
+                if len(self._scratch) < self.scratch_bytes:
+                    self._grow(self.scratch_bytes)
         try:
             self._process()
         except MooncakedError as exc:
@@ -200,8 +208,6 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             msgid, method, params = framing.parse_request(header)
             self._dispatch(msgid, method, params, payload_length)
         self._reset_if_consumed()
-        if self.namespace is not None and len(self._scratch) < self.scratch_bytes:
-            self._grow(self.scratch_bytes)  # said hello: full size for pipelined requests
 
     def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
         started_ns = time.perf_counter_ns()
@@ -250,10 +256,10 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self._incoming_method = method
         self._incoming_started_ns = started_ns
         daemon = self.daemon
-        timeout_ms = daemon.config.server.payload_timeout_ms
-        if incoming.abort is not None:  # into segment ranges: gone before the sweep frees them
-            timeout_ms = min(timeout_ms, daemon.config.store.put_start_release_timeout_ms // 2)
-        self._payload_deadline_ms = daemon.now_ms() + timeout_ms
+        # Into segment ranges (an abort): closed well before the sweep can free them.
+        self._payload_deadline_ms = daemon.now_ms() + (
+            daemon.put_payload_timeout_ms if incoming.abort is not None
+            else daemon.payload_timeout_ms)
         self._target_sizes = sizes
         self._target_index = 0
         self._target_offset = 0
@@ -377,16 +383,16 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         if self._received_bytes != self._received_checked:
             self._received_checked = self._received_bytes
             self._progress_ms = now_ms
-        server = self.daemon.config.server
+        daemon = self.daemon
         incoming = self._incoming
-        if self.namespace is None and now_ms - self._opened_ms >= server.hello_timeout_ms:
-            reason = f"no hello within {server.hello_timeout_ms} ms"
+        if self.namespace is None and now_ms - self._opened_ms >= daemon.hello_timeout_ms:
+            reason = f"no hello within {daemon.hello_timeout_ms} ms"
         elif incoming is not None and now_ms >= self._payload_deadline_ms:
             reason = (f"the payload of {self._incoming_method} did not arrive in time "
                       f"({sum(self._target_sizes)} bytes)")
         elif (self._start != self._end or incoming is not None) and not self._reading_held() \
-                and now_ms - self._progress_ms >= server.frame_timeout_ms:
-            reason = f"no byte of a half-received frame for {server.frame_timeout_ms} ms"
+                and now_ms - self._progress_ms >= daemon.frame_timeout_ms:
+            reason = f"no byte of a half-received frame for {daemon.frame_timeout_ms} ms"
         else:
             return False
         receiving_put = incoming is not None and incoming.abort is not None

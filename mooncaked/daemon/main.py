@@ -56,6 +56,12 @@ class Daemon:
         self.max_key_bytes = server.max_key_bytes
         self.max_batch_keys = server.max_batch_keys
         self.max_response_bytes = server.max_response_bytes_per_connection
+        self.hello_timeout_ms = server.hello_timeout_ms
+        self.frame_timeout_ms = server.frame_timeout_ms
+        self.payload_timeout_ms = server.payload_timeout_ms
+        # A put's payload goes into ranges the release sweep frees this long after the start.
+        self.put_payload_timeout_ms = min(server.payload_timeout_ms, max(
+            1, config.store.put_start_release_timeout_ms // 2))
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
         self.stats = Stats()

@@ -13,10 +13,8 @@ class ScratchBuffer:
     scratch_bytes = 64 * 1024
     discard_bytes = 64 * 1024
 
-    def _init_scratch(self, initial_bytes: int = 0) -> None:
-        """`initial_bytes`: start with a smaller buffer (an owner that has said nothing yet);
-        `_grow` makes it full size later."""
-        self._scratch = bytearray(initial_bytes or self.scratch_bytes)
+    def _init_scratch(self) -> None:
+        self._scratch = bytearray(self.scratch_bytes)
         self._scratch_view = memoryview(self._scratch)
         self._start = 0  # unconsumed bytes are scratch[_start:_end]
         self._end = 0
