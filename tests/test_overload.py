@@ -156,6 +156,50 @@ def test_stalled_put_cannot_overwrite_the_range_that_replaced_it(make_daemon, lo
     assert protocol_error_code(data) == ErrorCode.TIMED_OUT
 
 
+PIECE_BYTES = 5 << 18  # 1.25 MiB: three fit in a 4 MiB segment, a fourth does not
+PINNED = {"with_hard_pin": True}  # never evicted to make room: only a freed range makes it
+
+
+def test_a_preempted_put_cannot_overwrite_the_range_that_replaced_it(make_daemon, loop_name):
+    daemon = make_daemon(
+        server={"loop": loop_name},
+        segments={"size_bytes": 4 << 20},
+        store={"put_start_release_timeout_ms": 1000, "put_start_discard_timeout_ms": 1000,
+               "eviction_interval_ms": 20, "eviction_high_watermark_ratio": 1.0})
+    stalled = connect(daemon)
+    hello(stalled)
+    stalled.sendall(framing.request_head(1, "put", ["key"], PIECE_BYTES)
+                    + b"\xee" * (PIECE_BYTES // 2))
+    replacement, filler, fresh = (os.urandom(PIECE_BYTES) for _ in range(3))
+    with connect(daemon) as other:
+        hello(other)
+        # An upsert preempts the stalled put (its range waits for the release timeout) ...
+        assert call(other, 2, "upsert", ["key"], replacement)[0] is None
+        assert call(other, 5, "get", ["key"])[2] == replacement  # a read lease: not evicted
+        assert call(other, 3, "put", ["filler", PINNED], filler)[0] is None
+
+        # ... and a third value fits only once that range is free.
+        def stored() -> bool:
+            error, result, _ = call(other, 4, "put", ["fresh", PINNED], fresh)
+            if error is not None:
+                assert error[0] == ErrorCode.NO_AVAILABLE_HANDLE, error
+                return False
+            return result is True
+        poll(stored, "room for the third value")
+        try:
+            stalled.sendall(b"\xff" * (PIECE_BYTES - PIECE_BYTES // 2))
+        except OSError:
+            pass
+        time.sleep(0.2)  # time for the bytes to land, were they to land anywhere
+        for msgid, (key, value) in enumerate((("key", replacement), ("filler", filler),
+                                              ("fresh", fresh)), 10):
+            error, _, payload = call(other, msgid, "get", [key])
+            assert error is None and payload == value, f"{key} was overwritten"
+    data = read_until_closed(stalled)
+    stalled.close()
+    assert protocol_error_code(data) == ErrorCode.TIMED_OUT
+
+
 # -- 3. deadlines: hello, a frame's progress, a payload -------------------------------------
 
 def test_a_connection_that_never_says_hello_is_closed(make_daemon, loop_name):
