@@ -47,6 +47,9 @@ class ServerConfig:
     unix_socket: str = _key("/run/mooncaked/mooncaked.sock",
                             doc="Unix socket path; empty = no Unix socket")
     max_connections: int = _key(1024, 1, 1 << 20, doc="open client connections at most")
+    admin_connections: int = _key(4, 0, 64,
+                                  doc="Unix socket connections taken beyond max_connections, "
+                                  "for the administration methods (mooncakectl) only")
     max_header_bytes: int = _key(MIB, 256, 64 * MIB, unit="bytes", doc="largest frame header")
     max_payload_bytes: int = _key(GIB, 1, 0xFFFFFFFF, unit="bytes",
                                   doc="largest frame payload (value bytes of one request)")
@@ -58,6 +61,18 @@ class ServerConfig:
         64 * MIB, 0, 1 << 40, unit="bytes",
         doc="segment space one local connection may hold reserved for its next puts; "
         "0 = no reservations")
+    max_response_bytes_per_connection: int = _key(
+        64 * MIB, 64 * 1024, 1 << 40, unit="bytes",
+        doc="a connection's requests wait while more than this of its responses is unsent")
+    hello_timeout_ms: int = _key(10_000, 1, 3_600_000, unit="ms",
+                                 doc="a connection that has not said hello by then is closed")
+    frame_timeout_ms: int = _key(30_000, 1, 3_600_000, unit="ms",
+                                 doc="a connection whose half-sent frame (prefix, header or "
+                                 "payload) receives no byte for this long is closed")
+    payload_timeout_ms: int = _key(60_000, 1, 86_400_000, unit="ms",
+                                   doc="a request's payload must arrive within this after its "
+                                   "header (a put's: also within half of [store] "
+                                   "put_start_release_timeout_ms), or the connection is closed")
     shutdown_grace_ms: int = _key(5000, 0, 3_600_000, unit="ms",
                                   doc="on SIGTERM, time given to in-flight requests")
     loop: str = _key("auto", choices=("auto", "uring", "asyncio"),

@@ -48,6 +48,11 @@ class ErrorCode(enum.IntEnum):
     OUTCOME_UNKNOWN = -3008
     # The put would take its namespace over its quota (bytes or objects); nothing was stored.
     QUOTA_EXCEEDED = -3009
+    # A connection deadline passed (hello, a frame's progress, a payload); sent as a
+    # protocol_error notification, then the connection is closed.
+    TIMED_OUT = -3010
+    # A response would carry more than max_payload_bytes; the connection stays usable.
+    RESPONSE_TOO_LARGE = -3011
     # Authentication and roles (wire/PROTOCOL.md section 4.1).
     AUTH_FAILED = -3020  # hello's credentials were refused; the connection is closed after it
     PERMISSION_DENIED = -3021  # the principal lacks the role a request needs

@@ -240,6 +240,9 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # the client reads everything at once
+
     def pause_reading(self) -> None:
         pass
 
@@ -257,6 +260,10 @@ class FakeDaemon:
     def __init__(self) -> None:
         self.max_header_bytes = 4096
         self.max_payload_bytes = 1 << 20
+        self.max_response_bytes = 1 << 20
+        self.hello_timeout_ms = self.frame_timeout_ms = 10_000
+        self.payload_timeout_ms = self.put_payload_timeout_ms = 10_000
+        self.now_ms = lambda: 0
         self.stats = FakeStats()
         self.draining = False
         self.auth = None  # authentication off

@@ -10,10 +10,24 @@ What a handler returns (daemon/handlers.py):
 - `Reply(result, payload)`: answer at once;
 - `Incoming(targets, complete, abort)`: the request's payload goes into `targets` in order (a
   memoryview receives its length in bytes; an int N drops N bytes), then `complete()` gives the
-  Reply. If the connection is lost first, `abort()` undoes what the handler started;
+  Reply. If the connection is lost first, `abort()` undoes what the handler started. An
+  Incoming with an `abort` receives into segment ranges of an unfinished put;
 - a coroutine (a cluster node's handlers, which wait for the Raft log or a peer): the
   connection reads no further request until it finishes, which keeps responses in order.
   `complete()` may return a coroutine too.
+
+Deadlines (`check_deadlines`, run by the daemon's sweep): a connection is closed, after a
+`protocol_error` TIMED_OUT notification, when it has not said hello within `hello_timeout_ms`,
+when a half-received frame gets no byte for `frame_timeout_ms`, or when a payload is not
+complete within `payload_timeout_ms`. A put's payload goes straight into segment ranges that
+the release sweep frees `put_start_release_timeout_ms` after the put started (and a preempting
+put reuses no sooner); its deadline is at most half of that, so the connection stops receiving
+into the ranges (and the io_uring loop's receive in flight is cancelled) well before anything
+else can be put there.
+
+Response memory: a connection's requests are not dispatched while more than
+`max_response_bytes_per_connection` of its responses is unsent (the transport's write buffer),
+so a client that pipelines requests and does not read holds that much and one response more.
 """
 
 from __future__ import annotations
@@ -53,7 +67,11 @@ class Incoming:
 
 
 class Connection(ScratchBuffer, asyncio.BufferedProtocol):
-    scratch_bytes = 256 * 1024  # headers, and small requests whole
+    # Receive buffer for headers and small requests: it starts small, so that idle connections
+    # (unidentified ones, a client pool's spares) cost little, and grows while reads fill it
+    # (a client that pipelines), up to max_scratch_bytes.
+    scratch_bytes = 4 * 1024
+    max_scratch_bytes = 256 * 1024
     discard_bytes = 256 * 1024
 
     def __init__(self, daemon, transport_kind: str) -> None:
@@ -86,6 +104,14 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self._target_sizes: list[int] = []
         self._closing = False
         self._awaiting: asyncio.Task | None = None  # a coroutine handler still running
+        # Deadlines (check_deadlines): bytes received so far, and when that count last moved.
+        self._opened_ms = daemon.now_ms()
+        self._received_bytes = 0
+        self._received_checked = 0
+        self._progress_ms = self._opened_ms
+        self._payload_deadline_ms = 0
+        self._writing_paused = False  # the transport's write buffer is over its high mark
+        self._dispatch_paused = False  # too many response bytes unsent: requests wait
 
     # -- asyncio protocol -------------------------------------------------------------------
 
@@ -104,10 +130,22 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         # The client is not reading its responses: stop reading its requests.
+        self._writing_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if not self._closing:
+        self._writing_paused = False
+        self._progress_ms = self.daemon.now_ms()  # the wait was ours, not the client's
+        if self._closing:
+            return
+        if self._dispatch_paused:
+            self._dispatch_paused = False
+            try:
+                self._process()
+            except MooncakedError as exc:
+                self._protocol_error(exc.code, exc.message)
+                return
+        if not self._closing and self._awaiting is None and not self._dispatch_paused:
             self.transport.resume_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -122,11 +160,18 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         return self._scratch_view[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._received_bytes += nbytes
         if self._incoming is not None and self._start == self._end:
             self._target_offset += nbytes  # the kernel wrote straight into the target
             self._skip_empty_targets()
         else:
             self._end += nbytes
+            if self._end == len(self._scratch) and self.scratch_bytes < self.max_scratch_bytes:
+                # The read filled the buffer: more is likely waiting. (An instance attribute
+                # from now on, which _reset_if_consumed shrinks back to after a large header.)
+                self.scratch_bytes = min(self.scratch_bytes * 4, self.max_scratch_bytes)
+                if len(self._scratch) < self.scratch_bytes:
+                    self._grow(self.scratch_bytes)
         try:
             self._process()
         except MooncakedError as exc:
@@ -150,6 +195,11 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
                 continue
             if available < framing.PREFIX_BYTES:
                 break
+            if self.transport.get_write_buffer_size() > daemon.max_response_bytes:
+                # resume_writing() dispatches again once the client has read enough.
+                self._dispatch_paused = True
+                self.transport.pause_reading()
+                return
             header_length, payload_length = prefix.unpack_from(self._scratch, self._start)
             framing.check_prefix(header_length, payload_length, daemon.max_header_bytes,
                                  daemon.max_payload_bytes)
@@ -218,6 +268,11 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self._incoming_msgid = msgid
         self._incoming_method = method
         self._incoming_started_ns = started_ns
+        daemon = self.daemon
+        # Into segment ranges (an abort): closed well before the sweep can free them.
+        self._payload_deadline_ms = daemon.now_ms() + (
+            daemon.put_payload_timeout_ms if incoming.abort is not None
+            else daemon.payload_timeout_ms)
         self._target_sizes = sizes
         self._target_index = 0
         self._target_offset = 0
@@ -268,6 +323,7 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
 
         def done(task: asyncio.Task) -> None:
             self._awaiting = None
+            self._progress_ms = self.daemon.now_ms()  # the wait was ours, not the client's
             if task.cancelled():
                 outcome = MooncakedError(ErrorCode.SHUTTING_DOWN, "the request was cancelled")
             else:
@@ -294,15 +350,19 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
     def _respond(self, msgid: int, method: str, outcome, started_ns: int) -> None:
         stats = self.daemon.stats
         transport = self.transport
+        payload = None if isinstance(outcome, MooncakedError) else outcome.payload
+        total = sum(len(p) for p in payload) if payload else 0
+        if total > self.daemon.max_payload_bytes:  # bounded like a request's payload
+            outcome = MooncakedError(ErrorCode.RESPONSE_TOO_LARGE,
+                                     f"the response would carry {total} bytes, over "
+                                     f"max_payload_bytes {self.daemon.max_payload_bytes}")
         if isinstance(outcome, MooncakedError):
             transport.write(framing.error_head(msgid, outcome.code, outcome.message))
             result_name = code_name(outcome.code)
             if outcome.code in (ErrorCode.VERSION_MISMATCH, ErrorCode.AUTH_FAILED):
                 self._close()
         else:
-            payload = outcome.payload
             if payload:
-                total = sum(len(p) for p in payload)
                 head = framing.response_head(msgid, outcome.result, total)
                 if total <= INLINE_PAYLOAD_BYTES:
                     transport.write(b"".join((head, *payload)))
@@ -325,6 +385,37 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             self.transport.write(framing.protocol_error_head(code, message))
         self._close()
 
+    # -- deadlines --------------------------------------------------------------------------
+
+    def check_deadlines(self, now_ms: int) -> bool:
+        """Close the connection if a deadline passed. Returns True when it was receiving a
+        put's payload into segment ranges (the caller lets a loop iteration pass before
+        freeing ranges, so that a kernel receive into them is cancelled first)."""
+        if self._closing:
+            return False
+        if self._received_bytes != self._received_checked:
+            self._received_checked = self._received_bytes
+            self._progress_ms = now_ms
+        daemon = self.daemon
+        incoming = self._incoming
+        if self.namespace is None and now_ms - self._opened_ms >= daemon.hello_timeout_ms:
+            reason = f"no hello within {daemon.hello_timeout_ms} ms"
+        elif incoming is not None and now_ms >= self._payload_deadline_ms:
+            reason = (f"the payload of {self._incoming_method} did not arrive in time "
+                      f"({sum(self._target_sizes)} bytes)")
+        elif (self._start != self._end or incoming is not None) and not self._reading_held() \
+                and now_ms - self._progress_ms >= daemon.frame_timeout_ms:
+            reason = f"no byte of a half-received frame for {daemon.frame_timeout_ms} ms"
+        else:
+            return False
+        receiving_put = incoming is not None and incoming.abort is not None
+        self._protocol_error(ErrorCode.TIMED_OUT, reason)
+        return receiving_put
+
+    def _reading_held(self) -> bool:
+        """Whether the daemon, not the client, holds the next bytes back."""
+        return self._writing_paused or self._dispatch_paused or self._awaiting is not None
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def idle(self) -> bool:
@@ -345,3 +436,27 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
         self._closing = True
         if self.transport is not None:
             self.transport.abort()
+
+
+class AdminConnection(Connection):
+    """A Unix socket connection accepted beyond `max_connections`, in one of the
+    `admin_connections` slots kept so that `mooncakectl` reaches a daemon that is full: it may
+    call the administration methods only (PROTOCOL.md 5.3); others answer BUSY."""
+
+    methods = frozenset(("hello", "auth_start", "ping", "status", "segments", "objects_list",
+                         "object_stat", "config_show", "cluster_status", "quota_list"))
+
+    def _dispatch(self, msgid: int, method: str, params: list, payload_length: int) -> None:
+        if method in self.methods:
+            super()._dispatch(msgid, method, params, payload_length)
+            return
+        error = MooncakedError(ErrorCode.BUSY,
+                               f"{method!r} on an administrative connection: the daemon has "
+                               "its max_connections clients")
+        if payload_length:
+            def fail() -> Reply:
+                raise error
+            self._begin_payload(msgid, method, Incoming([payload_length], fail), payload_length,
+                                time.perf_counter_ns())
+        else:
+            self._respond(msgid, method, error, time.perf_counter_ns())

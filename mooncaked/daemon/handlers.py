@@ -338,6 +338,12 @@ def handle_batch_get(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[keys]")
     keys = _keys(conn, params[0])
     daemon = conn.daemon
+    readable = daemon.master.state.readable
+    total = sum(v.size_bytes for v in map(readable, keys) if v is not None)
+    if total > daemon.max_payload_bytes:  # checked before any lease is granted
+        raise MooncakedError(ErrorCode.RESPONSE_TOO_LARGE,
+                             f"the values add up to {total} bytes, over max_payload_bytes "
+                             f"{daemon.max_payload_bytes}: ask for fewer keys")
     now_ms = daemon.now_ms()
     results, pieces = [], []
     for key in keys:

@@ -25,7 +25,7 @@ from mooncaked import config as config_module
 from mooncaked._native import OffsetAllocator
 from mooncaked.credentials import CredentialsError
 from mooncaked.daemon import auth, handlers
-from mooncaked.daemon.connection import Connection
+from mooncaked.daemon.connection import AdminConnection, Connection
 from mooncaked.daemon.fd_handover import FdHandover
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
 from mooncaked.daemon.reservations import Reservations
@@ -60,11 +60,19 @@ class Daemon:
         self.max_payload_bytes = server.max_payload_bytes
         self.max_key_bytes = server.max_key_bytes
         self.max_batch_keys = server.max_batch_keys
+        self.max_response_bytes = server.max_response_bytes_per_connection
+        self.hello_timeout_ms = server.hello_timeout_ms
+        self.frame_timeout_ms = server.frame_timeout_ms
+        self.payload_timeout_ms = server.payload_timeout_ms
+        # A put's payload goes into ranges the release sweep frees this long after the start.
+        self.put_payload_timeout_ms = min(server.payload_timeout_ms, max(
+            1, config.store.put_start_release_timeout_ms // 2))
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
         self.payload_methods = handlers.PAYLOAD_METHODS  # see Connection._dispatch
         self.stats = Stats()
         self.connections: set[Connection] = set()
+        self.admin_connections = 0  # of them, in the Unix socket's administrative slots
         self.draining = False
         self.started_at = time.time()
         self.tcp_port = 0
@@ -212,9 +220,15 @@ class Daemon:
                 raise SystemExit(f"mooncaked: another daemon listens on {path}")
             finally:
                 probe.close()
-        unix = await loop.create_unix_server(lambda: Connection(self, "unix"), path)
+        unix = await loop.create_unix_server(self._unix_connection, path)
         os.chmod(path, 0o660)
         return unix
+
+    def _unix_connection(self) -> Connection:
+        """A full daemon still takes a few administrative connections on the Unix socket."""
+        if len(self.connections) - self.admin_connections >= self.config.server.max_connections:
+            return AdminConnection(self, "unix")
+        return Connection(self, "unix")
 
     # -- running ----------------------------------------------------------------------------
 
@@ -228,6 +242,11 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
+            if self._close_late_connections():
+                # One was receiving a put into segment ranges: the sweep frees nothing before
+                # a loop iteration has cancelled that receive (the next tick).
+                self._schedule_sweep()
+                return
             if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
                 released = self.master.tick(self.now_ms())
                 if released and self.reservations:
@@ -248,23 +267,46 @@ class Daemon:
         memory = self.memory.get(segment_id)
         return memory.fd if memory is not None and memory.fd >= 0 else None
 
+    def _close_late_connections(self) -> bool:
+        """Close connections past a deadline (connection.py); True if one of them was
+        receiving a put's payload into segment ranges."""
+        now_ms = self.now_ms()
+        receiving_put = False
+        for conn in list(self.connections):
+            if conn.check_deadlines(now_ms):
+                receiving_put = True
+        return receiving_put
+
     def next_connection_id(self) -> int:
         self._connection_ids += 1
         return self._connection_ids
 
     def connection_opened(self, conn: Connection) -> None:
-        if self.draining or len(self.connections) >= self.config.server.max_connections:
+        server = self.config.server
+        admin = type(conn) is AdminConnection
+        if admin:
+            full = self.admin_connections >= server.admin_connections
+        else:
+            full = len(self.connections) - self.admin_connections >= server.max_connections
+        if self.draining or full:
             reason = ("the daemon is stopping" if self.draining else
-                      f"too many connections ({self.config.server.max_connections})")
+                      f"too many connections ({server.max_connections}"
+                      + (f" and {server.admin_connections} administrative)" if admin else ")"))
             code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.BUSY
             conn.transport.write(framing.protocol_error_head(code, reason))
             conn.transport.close()
             return
         self.connections.add(conn)
+        if admin:
+            self.admin_connections += 1
         self.stats.connections_total += 1
 
     def connection_closed(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return  # refused at connection_opened
         self.connections.discard(conn)
+        if type(conn) is AdminConnection:
+            self.admin_connections -= 1
         for key in list(conn.puts_in_progress):
             try:
                 self.master.put_revoke(key, conn.connection_id)
@@ -385,6 +427,9 @@ class Daemon:
             "objects": self.objects_count(), "used_bytes": state.used_bytes(),
             "reserved_bytes": self.reservations.reserved_bytes(),
             "capacity_bytes": state.capacity_bytes(), "connections": len(self.connections),
+            "unsent_response_bytes": sum(conn.transport.get_write_buffer_size()
+                                         for conn in self.connections
+                                         if conn.transport is not None),
             "leases": self.master.active_leases(self.now_ms()),
             "puts_in_progress": self.puts_in_progress(), "tcp_port": self.tcp_port,
             "unix_socket": self.config.server.unix_socket, "metrics_port": self.metrics_port,

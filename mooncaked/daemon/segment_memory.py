@@ -10,10 +10,16 @@ left behind by a daemon that died are removed at the next start.
 Placement: the mapping's memory policy binds its pages to `numa_node` before any is touched
 (tmpfs pages are allocated by the first touch, in the daemon or a client, and follow the
 policy of the mapping that touches them; `prefault` makes that the daemon's, at start).
+
+Reservation: the file's space is allocated at start (posix_fallocate, after the binding), so
+a shm_dir with less free space than the segment refuses to start, naming the sizes. Without
+it a full tmpfs is found by the first write to a page it cannot back: SIGBUS in whoever
+touches it (the daemon's copies, a local client), EFAULT in a receive.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -100,6 +106,7 @@ class SegmentMemory:
             if huge_pages == "transparent":
                 self.mmap.madvise(mmap.MADV_HUGEPAGE)
                 warn_if_shmem_thp_off()
+            self._reserve(shm_dir if self.path else "")
             if prefault:
                 self._prefault()
         except BaseException:
@@ -108,6 +115,25 @@ class SegmentMemory:
             self._unlink()
             raise
         self.view = memoryview(self.mmap)
+
+    def _reserve(self, shm_dir: str) -> None:
+        """Allocate the memory's pages (under the mapping's NUMA policy), or refuse: a page
+        that cannot be had later would be a SIGBUS in whoever touches it."""
+        try:
+            os.posix_fallocate(self.fd, 0, self.size_bytes)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                raise
+            if not shm_dir:  # a memfd (namespace pool): memory, not a file system's room
+                raise ValueError(
+                    f"segment {self.segment_id} needs {self.size_bytes} bytes of memory that "
+                    f"the system cannot give ({exc.strerror}): lower its size") from None
+            stats = os.statvfs(shm_dir)
+            raise ValueError(
+                f"segment {self.segment_id} needs {self.size_bytes} bytes but shm_dir {shm_dir} "
+                f"has {stats.f_bavail * stats.f_frsize} bytes free (of "
+                f"{stats.f_blocks * stats.f_frsize}): lower [segments] size_bytes or count, or "
+                f"make room ({exc.strerror})") from None
 
     def _prefault(self) -> None:
         try:
