@@ -90,6 +90,9 @@ def installed(tmp_path):
     result = install_system(root)
     assert result.returncode == 0, result.stderr
     shutil.copytree(HOST_UNITS, root / HOST_UNITS.lstrip("/"), symlinks=True)
+    # The unit's ExecReload runs the system's kill, which a real root has.
+    (root / "bin").mkdir(exist_ok=True)
+    shutil.copy2("/bin/kill", root / "bin" / "kill")
     return root
 
 
