@@ -57,7 +57,7 @@ class Daemon:
         self.max_batch_keys = server.max_batch_keys
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
-        self.stats = Stats()
+        self.stats = Stats(self.handlers)
         self.connections: set[Connection] = set()
         self.draining = False
         self.started_at = time.time()
@@ -126,6 +126,7 @@ class Daemon:
             from mooncaked.cluster.service import ClusterService
             from mooncaked.daemon import cluster_handlers
             self.handlers = cluster_handlers.HANDLERS
+            self.stats.methods = frozenset(self.handlers)
             self.cluster = ClusterService(self, self.join_address)
             await self.cluster.start()
         metrics = self.config.metrics
@@ -174,9 +175,7 @@ class Daemon:
     def _tick(self) -> None:
         try:
             if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
-                released = self.master.tick(self.now_ms())
-                if released and self.reservations:
-                    self.reservations.forget_released(self.connections)
+                self.sweep(self.now_ms())
         except Exception:
             log.exception("sweep failed")
         if self._notifier.enabled:
@@ -185,6 +184,13 @@ class Daemon:
                 self._last_status = line
                 self._notifier.notify(STATUS=line)
         self._schedule_sweep()
+
+    def sweep(self, now_ms: int) -> None:
+        """One run of a single node's sweep: deadlines, eviction, and the reservations the
+        deadlines released."""
+        released = self.master.tick(now_ms)
+        if released and self.reservations:
+            self.reservations.forget_released(self.connections)
 
     def next_connection_id(self) -> int:
         self._connection_ids += 1
