@@ -77,10 +77,11 @@ TRANSFER_CONTEXT = b"transfer"
 MAX_OUTBOX_MESSAGES = 65536
 MAX_PENDING_READS = 4096
 
-# Terms grow by one per election, so no cluster comes near this. A message with a larger term
-# is a lie, and adopting its term could leave no term to campaign at (terms are u64 on the
-# wire): it is dropped.
+# Terms grow by one per election and indexes by one per entry, so no cluster comes near these.
+# A message with a larger term, or a snapshot past MAX_INDEX, is a lie: adopting it could
+# leave no term to campaign at or no index to append at (both are u64 on the wire). Dropped.
 MAX_TERM = (1 << 63) - 1
+MAX_INDEX = (1 << 63) - 1
 
 # A heartbeat carries (round, leader tick at send); the follower echoes it back.
 _HEARTBEAT_CONTEXT = struct.Struct(">QQ")
@@ -537,6 +538,8 @@ class RaftCore:
         if snapshot is None:
             return
         meta = snapshot.meta
+        if meta.term > msg.term or meta.index > MAX_INDEX:
+            return  # no leader holds a snapshot of a later term than its own: a lie
         if meta.index <= self._log.commit_index:
             pass  # nothing new for us
         elif self._log.match_term(meta.index, meta.term):

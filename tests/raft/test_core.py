@@ -683,6 +683,22 @@ def test_append_with_entries_that_cannot_follow_index_is_dropped(lie):
     assert payloads(follower) == [b"a", b"b"]
 
 
+@pytest.mark.parametrize("lie", ["future_term", "index_past_2_63"])
+def test_snapshot_that_no_leader_can_hold_is_dropped(lie):
+    """A snapshot of a term later than its message's, or at an index no log reaches, would
+    leave the log's terms going back or no index to append at: dropped."""
+    cluster = Cluster()
+    cluster.elect(1)
+    follower = cluster[2]
+    core = follower.core
+    term = core.term
+    meta = {"future_term": SnapshotMeta(core.last_index + 5, term + 1, ConfState((1, 2, 3))),
+            "index_past_2_63": SnapshotMeta(1 << 63, term, ConfState((1, 2, 3)))}[lie]
+    before = _follower_log(follower), core.commit_index, core._log.snapshot_index
+    core.step(Message(MT.SNAPSHOT, 2, 1, term, snapshot=Snapshot(meta, b"")))
+    assert (_follower_log(follower), core.commit_index, core._log.snapshot_index) == before
+
+
 def test_append_rewriting_a_committed_entry_is_dropped():
     """A 'leader' whose entries would replace a committed one is lying: drop the message
     rather than fail on the committed entry."""
