@@ -15,7 +15,8 @@ Byte 0 of the input picks a mode (modulo 4); the rest is its input:
    every message it sends encodes (codec) and decodes back equal.
 3. The peer listener's frame reader (cluster/peer_transport.py `_ServerProtocol`), with the
    bytes as the stream and an in-memory transport: a bad frame closes the connection, nothing
-   else escapes, nothing reaches the log at ERROR; Raft notifications go to a core as in mode 2.
+   else escapes, nothing reaches the log at ERROR, nothing before peer_hello makes it hold
+   more than a small buffer; Raft notifications go to a core as in mode 2.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ U64_MAX = (1 << 64) - 1
 NODE = 1
 VOTERS = (1, 2, 3)
 SENDERS = (2, 3, 4, 0, 1, 99, U64_MAX)  # members, a non-member, nobody, itself, extremes
+# Anyone who can connect may send bytes before peer_hello: what they make the listener hold.
+PRE_HELLO_BUFFER_BYTES = 64 * 1024
 
 
 # -- modes 0 and 1: codecs ----------------------------------------------------------------------
@@ -319,6 +322,9 @@ def _peer_frames(data: bytes) -> None:
             buffer[:count] = data[position:position + count]
             position += count
             protocol.buffer_updated(count)
+            if not protocol.hello and len(protocol._scratch) > PRE_HELLO_BUFFER_BYTES:
+                raise Finding(f"before peer_hello, the listener holds a buffer of "
+                              f"{len(protocol._scratch)} bytes for one frame")
     protocol.connection_lost(None)
     if _errors.records:
         record = _errors.records[0]
@@ -373,6 +379,8 @@ def seeds() -> dict[str, bytes]:
     request = framing.request_head(1, "read_replica", [0, 0, 16])
     named["frames"] = bytes([3, 0]) + hello + raft + request
     named["frames-split"] = bytes([3, 5]) + hello + raft + raft + request
+    named["frames-large-header-before-hello"] = bytes([3, 0]) + framing.PREFIX.pack(
+        32 << 20, 0) + b"\x94" * 2
     named["frames-payload"] = bytes([3, 9]) + hello + framing.request_head(
         2, "write_replica", [0, 0, 4], 4) + b"abcd" + msgpack.packb(None)
     return named
