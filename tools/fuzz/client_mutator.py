@@ -3,8 +3,9 @@
 Byte mutations of a frame mostly break its length prefix, and the daemon then only ever sees
 malformed frames. Half of the time this mutator decodes the input's frames, changes one
 request the way a lying client would (a parameter replaced by a value of another type, a huge
-or negative number, a long or odd string; a method, msgid or payload length changed; frames
-repeated, dropped or swapped) and encodes them again with correct prefixes. The other half,
+or negative number, a long or odd string, or nudged: a number off by a little, an array one
+item longer or shorter; a method, msgid or payload length changed; frames repeated, dropped or
+swapped) and encodes them again with correct prefixes. The other half,
 and whenever the input does not decode, it leaves the bytes to libFuzzer's own mutations.
 """
 
@@ -84,10 +85,33 @@ def _replace(value, path, new):
     return value
 
 
+def _value_at(value, path):
+    for step in path:
+        value = value[step]
+    return value
+
+
+def _tweak(value, rng: random.Random):
+    """A value near the one there: a number a little off, a list a little longer or shorter,
+    a string changed at one end."""
+    if type(value) is int:
+        return rng.choice([value + 1, value - 1, value * 2, value // 2, -value, value + 64])
+    if type(value) is list and value:
+        value = copy.deepcopy(value)
+        if rng.random() < 0.6:
+            value.insert(rng.randrange(len(value) + 1), copy.deepcopy(rng.choice(value)))
+        else:
+            value.pop(rng.randrange(len(value)))
+        return value
+    if type(value) is str:
+        return rng.choice([value + rng.choice("0aZ/."), value[:-1], value * 2])
+    return _random_value(rng)
+
+
 def _mutate_request(header, payload: bytes, rng: random.Random):
     if type(header) is not list or len(header) != 4 or type(header[3]) is not list:
         return [0, rng.randrange(8), rng.choice(METHODS), []], payload
-    choice = rng.randrange(6)
+    choice = rng.randrange(8)
     if choice == 0:
         header[2] = rng.choice(METHODS)
     elif choice == 1:
@@ -99,6 +123,9 @@ def _mutate_request(header, payload: bytes, rng: random.Random):
         header[3].pop(rng.randrange(len(header[3])))
     elif choice == 4:
         header[3].append(_random_value(rng))
+    elif choice in (5, 6):
+        path = rng.choice(list(_nodes(header[3])))
+        header[3] = _replace(header[3], path, _tweak(_value_at(header[3], path), rng))
     else:
         paths = list(_nodes(header[3]))
         header[3] = _replace(header[3], rng.choice(paths), _random_value(rng))
