@@ -289,7 +289,10 @@ def _check_value(path: str, section: str, key: str, spec: dataclasses.Field, val
     where = f"{path}: [{section}] {key}"
     expected = _TYPES[spec.type]
     if expected is float and type(value) is int:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # TOML integers have no size limit
+            raise ConfigError(f"{where} = {value} is too large for a number") from None
     if type(value) is not expected:
         raise ConfigError(f"{where} must be {expected.__name__}, not {type(value).__name__}")
     if expected is float and not math.isfinite(value):
@@ -488,4 +491,6 @@ def load(path: str | os.PathLike) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 at byte {exc.start}") from None
     return from_dict(data, path)

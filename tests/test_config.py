@@ -217,6 +217,20 @@ def test_invalid_toml_names_the_file(tmp_path):
         config.load(path)
 
 
+def test_bytes_that_are_not_utf8_name_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[node]\nname = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ".*UTF-8"):
+        config.load(path)
+
+
+def test_an_int_too_large_for_a_float_key_names_the_key(tmp_path):
+    path = tmp_path / "huge.toml"
+    path.write_text("[store]\neviction_ratio = 1" + "0" * 400 + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: [store] eviction_ratio")):
+        config.load(path)
+
+
 def test_missing_file_names_the_file(tmp_path):
     path = tmp_path / "absent.toml"
     with pytest.raises(ConfigError, match=re.escape(str(path))):

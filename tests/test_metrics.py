@@ -183,3 +183,22 @@ def test_eviction_counters(make_daemon):
     assert objects + value(families, "mooncaked_evicted_objects") == puts
     assert value(families, "mooncaked_segment_capacity_bytes", segment="test-node/0") == 1 << 20
     assert value(families, "mooncaked_segment_used_bytes", segment="test-node/0") <= 1 << 20
+
+
+def test_unknown_method_names_are_not_kept(daemon):
+    """Request counters are kept per method: a method that does not exist is counted under
+    one `unknown` label, so a client sending ever new names grows neither the daemon's memory
+    nor the exposition."""
+    from wire_helpers import connect, read_response, request_frame
+
+    names = [f"no-such-method-{n}-" + "x" * 1000 for n in range(50)]
+    with connect(daemon, "tcp", 10) as sock:
+        sock.sendall(b"".join(request_frame(msgid, name, []) for msgid, name in
+                              enumerate(names)))
+        for msgid in range(len(names)):
+            answered, error, _, _ = read_response(sock)
+            assert answered == msgid and error[0] == ErrorCode.UNKNOWN_METHOD
+    text, families = scrape(daemon)
+    assert "no-such-method" not in text
+    assert value(families, "mooncaked_requests", method="unknown",
+                 result="UNKNOWN_METHOD") == len(names)

@@ -229,3 +229,23 @@ def test_server_survives_a_write_cut_mid_payload(loop_factory):
             link.close()
             node.server.close()
     run(loop_factory, main())
+
+
+def test_a_large_header_before_peer_hello_closes_the_connection(loop_factory):
+    """Before peer_hello only that small request may come: a prefix announcing a large header
+    closes the connection instead of making the listener allocate for it (up to 64 MiB per
+    connection from anyone who can reach the port)."""
+    async def main():
+        node = Node()
+        port = await node.server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(framing.PREFIX.pack(32 << 20, 0) + b"\x94" * 100)
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the server
+            writer.close()
+            protocols = [t.get_protocol() for t in node.server._transports]
+            assert all(len(p._scratch) <= 64 * 1024 for p in protocols)
+        finally:
+            node.server.close()
+    run(loop_factory, main())

@@ -42,6 +42,7 @@ from mooncaked.proto.scratch import ScratchBuffer
 log = logging.getLogger(__name__)
 
 MAX_PEER_HEADER_BYTES = 64 << 20  # a Raft APPEND batch or a snapshot travels in the header
+MAX_HELLO_HEADER_BYTES = 4096  # before peer_hello, from anyone who can connect: that one frame
 WRITE_HIGH_WATER_BYTES = 16 << 20  # a link buffering more than this drops Raft messages
 INLINE_PAYLOAD_BYTES = 64 * 1024  # smaller payloads are joined to their header in one write
 
@@ -112,6 +113,7 @@ class _FrameReceiver(ScratchBuffer, asyncio.BufferedProtocol):
     def __init__(self, max_payload_bytes: int) -> None:
         self.transport: asyncio.Transport | None = None
         self._max_payload_bytes = max_payload_bytes
+        self._max_header_bytes = MAX_PEER_HEADER_BYTES
         self._init_scratch()  # headers and small frames (64 KiB; grows for a large header)
         self._target: memoryview | None = None  # the current payload's destination
         self._finish: Callable[[], None] | None = None
@@ -176,7 +178,7 @@ class _FrameReceiver(ScratchBuffer, asyncio.BufferedProtocol):
                 break
             header_length, payload_length = prefix.unpack_from(self._scratch, self._start)
             # Checked before anything is allocated for the frame.
-            framing.check_prefix(header_length, payload_length, MAX_PEER_HEADER_BYTES,
+            framing.check_prefix(header_length, payload_length, self._max_header_bytes,
                                  self._max_payload_bytes)
             frame_head = framing.PREFIX_BYTES + header_length
             if available < frame_head:
@@ -186,7 +188,7 @@ class _FrameReceiver(ScratchBuffer, asyncio.BufferedProtocol):
             header_start = self._start + framing.PREFIX_BYTES
             header = framing.unpack_header(
                 self._scratch_view[header_start:header_start + header_length],
-                MAX_PEER_HEADER_BYTES)
+                self._max_header_bytes)
             self._start += frame_head
             target, finish = self._on_header(header, payload_length)
             if target is not None and len(target) != payload_length:
@@ -458,6 +460,7 @@ class _ServerProtocol(_FrameReceiver):
 
     def __init__(self, server: "PeerServer") -> None:
         super().__init__(0)  # no payload before peer_hello
+        self._max_header_bytes = MAX_HELLO_HEADER_BYTES
         self.server = server
         self.hello = False
         self._nonce = b""  # this connection's challenge, with a cluster secret
@@ -495,6 +498,7 @@ class _ServerProtocol(_FrameReceiver):
             server._on_hello(params[0], params[1])
             self.hello = True
             self._max_payload_bytes = server._max_payload_bytes
+            self._max_header_bytes = MAX_PEER_HEADER_BYTES
             return None, None
         if (type(header) is list and len(header) == 3
                 and header[0] == framing.NOTIFICATION and header[1] == "raft"):

@@ -70,7 +70,7 @@ class Daemon:
         self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
         self.payload_methods = handlers.PAYLOAD_METHODS  # see Connection._dispatch
-        self.stats = Stats()
+        self.stats = Stats(self.handlers)
         self.connections: set[Connection] = set()
         self.admin_connections = 0  # of them, in the Unix socket's administrative slots
         self.draining = False
@@ -169,6 +169,7 @@ class Daemon:
             from mooncaked.daemon import cluster_handlers
             self.handlers = cluster_handlers.HANDLERS
             self.payload_methods = cluster_handlers.PAYLOAD_METHODS
+            self.stats.methods = frozenset(self.handlers)
             self.cluster = ClusterService(self, self.join_address)
             await self.cluster.start()
         metrics = self.config.metrics
@@ -242,15 +243,11 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
-            if self._close_late_connections():
-                # One was receiving a put into segment ranges: the sweep frees nothing before
-                # a loop iteration has cancelled that receive (the next tick).
-                self._schedule_sweep()
-                return
-            if self.cluster is None:  # in a cluster the leader sweeps (cluster/service.py)
-                released = self.master.tick(self.now_ms())
-                if released and self.reservations:
-                    self.reservations.forget_released(self.connections)
+            now_ms = self.now_ms()
+            if self.cluster is None:
+                self.sweep(now_ms)
+            else:  # in a cluster the leader sweeps the store (cluster/service.py)
+                self._close_late_connections(now_ms)
             if self.fd_handover is not None:
                 self.fd_handover.prune()
         except Exception:
@@ -267,15 +264,25 @@ class Daemon:
         memory = self.memory.get(segment_id)
         return memory.fd if memory is not None and memory.fd >= 0 else None
 
-    def _close_late_connections(self) -> bool:
+    def _close_late_connections(self, now_ms: int) -> bool:
         """Close connections past a deadline (connection.py); True if one of them was
         receiving a put's payload into segment ranges."""
-        now_ms = self.now_ms()
         receiving_put = False
         for conn in list(self.connections):
             if conn.check_deadlines(now_ms):
                 receiving_put = True
         return receiving_put
+
+    def sweep(self, now_ms: int) -> None:
+        """One run of a single node's sweep: connection deadlines, then expiry and eviction,
+        and the reservations that released. A connection closed while it was receiving a put
+        into segment ranges defers the rest to the next run: a loop iteration must first
+        cancel that receive, before the ranges can be freed and reused."""
+        if self._close_late_connections(now_ms):
+            return
+        released = self.master.tick(now_ms)
+        if released and self.reservations:
+            self.reservations.forget_released(self.connections)
 
     def next_connection_id(self) -> int:
         self._connection_ids += 1

@@ -23,8 +23,14 @@ LATENCY_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
 _BUCKET_BOUNDS_NS = [int(b * 1e9) for b in LATENCY_BUCKETS_S]
 
 
+# The method label of requests naming no method: names come from clients, so each new one
+# kept as a label would grow the daemon's memory and the exposition without bound.
+UNKNOWN_METHOD = "unknown"
+
+
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, methods) -> None:
+        self.methods = frozenset(methods)  # the labels kept; others count as UNKNOWN_METHOD
         self.requests: dict[tuple[str, str], int] = {}  # (method, result) -> count
         # method -> [bucket counts..., +Inf count], sum in ns
         self.latency_buckets: dict[str, list[int]] = {}
@@ -35,6 +41,8 @@ class Stats:
         self.protocol_errors = 0
 
     def record(self, method: str, result: str, duration_ns: int) -> None:
+        if method not in self.methods:
+            method = UNKNOWN_METHOD
         key = (method, result)
         self.requests[key] = self.requests.get(key, 0) + 1
         buckets = self.latency_buckets.get(method)

@@ -571,6 +571,22 @@ class StateMachine:
         """Every pool with a mounted segment (SHARED_POOL first, if it has one)."""
         return sorted({s.pool_namespace for s in self.segment_list})
 
+    def owned_bytes(self, segment_id: int) -> int:
+        """Bytes of the segment's ranges that the state owns: complete and pending versions
+        and deferred releases. The allocator's free bytes are the segment's size minus this;
+        anything else is space leaked."""
+        segment = self.segments[segment_id]
+        size_of = segment.allocator.allocation_size
+        owned = 0
+        for entry in self.objects.values():
+            for version in (entry.complete, entry.pending):
+                if version is not None:
+                    owned += sum(size_of(r.handle) for r in version.replicas
+                                 if r.segment_id == segment_id)
+        for _, _, replicas in self._deferred:
+            owned += sum(size_of(r.handle) for r in replicas if r.segment_id == segment_id)
+        return owned
+
     def check_invariants(self) -> None:
         """Every live range is owned exactly once and the allocators agree (tests use this)."""
         owned: dict[int, list[tuple[int, int]]] = {sid: [] for sid in self.segments}

@@ -77,6 +77,12 @@ TRANSFER_CONTEXT = b"transfer"
 MAX_OUTBOX_MESSAGES = 65536
 MAX_PENDING_READS = 4096
 
+# Terms grow by one per election and indexes by one per entry, so no cluster comes near these.
+# A message with a larger term, or a snapshot past MAX_INDEX, is a lie: adopting it could
+# leave no term to campaign at or no index to append at (both are u64 on the wire). Dropped.
+MAX_TERM = (1 << 63) - 1
+MAX_INDEX = (1 << 63) - 1
+
 # A heartbeat carries (round, leader tick at send); the follower echoes it back.
 _HEARTBEAT_CONTEXT = struct.Struct(">QQ")
 
@@ -443,7 +449,8 @@ class RaftCore:
 
     def step(self, msg: Message) -> None:
         """Handle one message from a peer. Stale, duplicated and reordered messages are safe."""
-        if msg.to != self.node_id or msg.from_ <= 0 or msg.from_ == self.node_id:
+        if (msg.to != self.node_id or msg.from_ <= 0 or msg.from_ == self.node_id
+                or msg.term > MAX_TERM):
             return
         if not self._check_term(msg):
             return
@@ -513,6 +520,8 @@ class RaftCore:
             # Everything up to our commit index is settled; tell the leader how far we are.
             self._reply(msg, MT.APPEND_RESPONSE, index=self._log.commit_index)
             return
+        if not _entries_follow(msg):
+            return  # no leader sends these: a lie, which must not reach the log
         last_new = self._log.maybe_append(msg.index, msg.log_term, msg.entries)
         if last_new is not None:
             self._log.commit_to(min(msg.commit, last_new))
@@ -529,6 +538,8 @@ class RaftCore:
         if snapshot is None:
             return
         meta = snapshot.meta
+        if meta.term > msg.term or meta.index > MAX_INDEX:
+            return  # no leader holds a snapshot of a later term than its own: a lie
         if meta.index <= self._log.commit_index:
             pass  # nothing new for us
         elif self._log.match_term(meta.index, meta.term):
@@ -942,6 +953,17 @@ class RaftCore:
             own.maybe_update(self._log.persisted_index)
             if self._maybe_commit():
                 self._commit_to_send = True
+
+
+def _entries_follow(msg: Message) -> bool:
+    """Whether an APPEND's entries are what a leader's log can hold after (index, log_term):
+    consecutive indexes from index + 1, terms that never decrease and never pass its term."""
+    previous_term = msg.log_term
+    for position, entry in enumerate(msg.entries):
+        if entry.index != msg.index + 1 + position or not previous_term <= entry.term <= msg.term:
+            return False
+        previous_term = entry.term
+    return True
 
 
 def _normalized(conf_state: ConfState) -> ConfState:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import msgpack
 import pytest
 
-from mooncaked.raft.codec import decode_conf_change
+from mooncaked.raft.codec import decode_conf_change, decode_message, encode_message
 from mooncaked.raft.core import TRANSFER_CONTEXT, RaftConfig, RaftCore
 from mooncaked.raft.types import (
     ConfChange,
@@ -628,6 +628,91 @@ def test_unknown_and_misaddressed_senders_are_tolerated():
     leader.core.propose(b"fine")
     cluster.stabilize()
     assert payloads(cluster[3]) == [b"fine"]
+
+
+def test_a_term_at_the_end_of_the_u64_range_is_dropped():
+    """A peer's message with a term near 2**64 would leave no term to campaign at: the next
+    election's messages would not encode. Such a term is a lie; the message is dropped."""
+    cluster = Cluster()
+    cluster.elect(1)
+    follower = cluster[2]
+    term = follower.core.term
+    for lie in ((1 << 64) - 1, 1 << 63):
+        follower.core.step(Message(MT.HEARTBEAT, 2, 4, lie))
+        follower.core.step(Message(MT.APPEND, 2, 4, lie, index=follower.core.last_index))
+        assert follower.core.term == term
+    follower.core.campaign()
+    for msg in follower.core.ready().messages:
+        assert decode_message(encode_message(msg)) == msg
+
+
+def _follower_log(node: Node) -> list[tuple[int, int]]:
+    return [(e.index, e.term) for e in node.core._log._entries]
+
+
+@pytest.mark.parametrize("lie", [
+    "gap",  # the entries do not start right after index
+    "shuffled",  # they are not in index order
+    "future_term",  # an entry of a term later than the message's
+    "term_going_back",  # terms decrease along the entries
+])
+def test_append_with_entries_that_cannot_follow_index_is_dropped(lie):
+    """A leader's entries follow (index, log_term) one by one, in terms that never decrease
+    and never pass its own. Entries that do not are a lie, dropped without touching the log
+    (it would otherwise hold entries at the wrong positions, or break on a committed one)."""
+    cluster = Cluster()
+    leader = cluster.elect(1)
+    leader.core.propose(b"a")
+    cluster.stabilize()
+    follower = cluster[2]
+    core = follower.core
+    last, term = core.last_index, core.term
+    entries = {
+        "gap": (Entry(term, last + 5),),
+        "shuffled": (Entry(term, last + 2), Entry(term, last + 1)),
+        "future_term": (Entry(term + 3, last + 1),),
+        "term_going_back": (Entry(term, last + 1), Entry(term - 1, last + 2)),
+    }[lie]
+    before = _follower_log(follower), core.commit_index
+    core.step(Message(MT.APPEND, 2, 1, term, log_term=term, index=last, entries=entries,
+                      commit=last + 2))
+    assert (_follower_log(follower), core.commit_index) == before
+    cluster.stabilize()
+    leader.core.propose(b"b")
+    cluster.stabilize()
+    assert payloads(follower) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("lie", ["future_term", "index_past_2_63"])
+def test_snapshot_that_no_leader_can_hold_is_dropped(lie):
+    """A snapshot of a term later than its message's, or at an index no log reaches, would
+    leave the log's terms going back or no index to append at: dropped."""
+    cluster = Cluster()
+    cluster.elect(1)
+    follower = cluster[2]
+    core = follower.core
+    term = core.term
+    meta = {"future_term": SnapshotMeta(core.last_index + 5, term + 1, ConfState((1, 2, 3))),
+            "index_past_2_63": SnapshotMeta(1 << 63, term, ConfState((1, 2, 3)))}[lie]
+    before = _follower_log(follower), core.commit_index, core._log.snapshot_index
+    core.step(Message(MT.SNAPSHOT, 2, 1, term, snapshot=Snapshot(meta, b"")))
+    assert (_follower_log(follower), core.commit_index, core._log.snapshot_index) == before
+
+
+def test_append_rewriting_a_committed_entry_is_dropped():
+    """A 'leader' whose entries would replace a committed one is lying: drop the message
+    rather than fail on the committed entry."""
+    cluster = Cluster()
+    leader = cluster.elect(1)
+    leader.core.propose(b"a")
+    cluster.stabilize()
+    follower = cluster[2]
+    core = follower.core
+    commit, term = core.commit_index, core.term
+    before = _follower_log(follower)
+    core.step(Message(MT.APPEND, 2, 3, term + 1, log_term=core._log.term_at(commit),
+                      index=commit, entries=(Entry(term + 1, commit),), commit=commit))
+    assert _follower_log(follower) == before and core.commit_index == commit
 
 
 def test_report_unreachable_goes_back_to_probing():
