@@ -105,7 +105,8 @@ class SegmentsConfig:
     prefault: bool = _key(False, doc="touch every page at start, so no request pays a page fault")
     share_with_local_clients: bool = _key(
         True, doc="local clients of namespaces without a pool of their own may map the shared "
-        "segments; false = their values go through the socket")
+        "segments (with [auth] on: only principals with a role on \"*\"); false = their values "
+        "go through the socket")
     namespace_pools: str = _key(
         "", doc="namespaces with a memory pool of their own, comma-separated name=size_bytes: "
         "one memfd segment each, holding that namespace's objects alone, mapped only by its "

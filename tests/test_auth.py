@@ -787,3 +787,25 @@ def test_a_cluster_node_checks_roles_too(credentials_path, monkeypatch):
             assert not admin.exists("nope")
     finally:
         cluster.close()
+
+
+# -- shared memory follows the roles ------------------------------------------------------------
+
+def test_only_a_principal_that_reads_every_namespace_maps_the_shared_segments(auth_daemon):
+    """The shared segments hold every pool-less namespace's bytes: mapping them is for a
+    principal that may read them all anyway; others move values through the socket."""
+    def over_unix(name: str) -> BlockingClient:
+        return BlockingClient.connect(auth_daemon.unix_address, namespace="a", principal=name,
+                                      secret=SECRETS[name])
+    value = os.urandom(5000)
+    with over_unix("writer") as writer:
+        assert writer.server["segments"] == [] and writer.server["fd_socket"] == ""
+        assert writer.put("k", value) is True
+        assert writer.get("k") == value
+        expect(ErrorCode.NOT_SUPPORTED, writer.call, "get_replica", "k")
+        expect(ErrorCode.NOT_SUPPORTED, writer.call, "put_start", "k2", 10)
+    with over_unix("a-admin") as a_admin:  # admin of its own namespace only
+        assert a_admin.server["segments"] == []
+    with over_unix("admin") as admin:  # admin on "*": may read every namespace anyway
+        assert admin.server["segments"]
+        assert admin.get("k") == value

@@ -221,6 +221,12 @@ class Authenticator:
 
     # -- every request ----------------------------------------------------------------------
 
+    def may_read_every_namespace(self, conn) -> bool:
+        """Whether the connection's principal holds read (or more) on "*": mapping the shared
+        segments shows the bytes of every namespace that has no pool of its own."""
+        principal = self.credentials.principals.get(conn.principal)
+        return principal is not None and principal.rank(ALL_NAMESPACES) >= ROLE_RANKS[READ]
+
     def authorize(self, conn, method: str, params: list) -> None:
         """PERMISSION_DENIED unless the connection's principal has the role `method` needs."""
         needed = required_role(method, params, conn.namespace)

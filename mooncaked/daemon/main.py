@@ -344,14 +344,17 @@ class Daemon:
     def mappable_segments(self, conn: Connection) -> frozenset[int]:
         """The segments a connection may map: those holding its namespace's objects, over the
         Unix socket, single node. A namespace with a pool gets that pool and nothing else;
-        one without gets the shared segments if `share_with_local_clients`, else nothing."""
+        one without gets the shared segments if `share_with_local_clients` and, with
+        authentication on, only if its principal may read every namespace (the shared
+        segments hold the bytes of every namespace without a pool); else nothing."""
         if conn.transport_kind != "unix" or self.cluster is not None \
                 or self.fd_handover is None:
             return frozenset()
         pool = self.master.state.pool_of(conn.namespace)
         if pool:
             return frozenset(self.pool_segment_ids.get(pool, ()))
-        if self.config.segments.share_with_local_clients:
+        if self.config.segments.share_with_local_clients and (
+                self.auth is None or self.auth.may_read_every_namespace(conn)):
             return frozenset(self.shared_segment_ids)
         return frozenset()
 

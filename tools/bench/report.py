@@ -316,26 +316,32 @@ def spread(row) -> str:
 
 
 def render_tls(res: Results, pl: str, label: str) -> str:
-    """The TLS section of one placement: TLS / plain ratios of ops/s and server CPU per op."""
+    """The TLS section of one placement: TLS / plain and auth / plain ratios of ops/s and
+    server CPU per op."""
     rows = []
     sizes = sorted({r["size"] for r in res.rows if r["placement"] == pl
                     and r["op"] in ("tcp_put", "tcp_get")})
     lines = [(f"{op[4:]} {human_size(size)}", op, size) for op in ("tcp_put", "tcp_get")
-             for size in sizes] + [("connect + handshake + hello", "tcp_connect", None)]
+             for size in sizes] + [("connect + handshake/auth + hello", "tcp_connect", None)]
+
+    def ratio(a, b) -> str:
+        return fmt(a / b) + "x" if a and b else "-"
     for name, op, size in lines:
-        plain, tls = res.row(pl, "mcd-tcp", op, size), res.row(pl, "mcd-tcp+tls", op, size)
-        cpu = [((r or {}).get("cpu") or {}).get("server_cpu_us_per_unit") for r in (plain, tls)]
-        speed = (tls["median"] / plain["median"] if plain and tls and plain["median"]
-                 and tls["median"] else None)
-        rows.append([name, cell(plain), cell(tls), fmt(speed) + ("x" if speed else ""),
-                     fmt(cpu[0]), fmt(cpu[1]),
-                     fmt(cpu[1] / cpu[0]) + "x" if cpu[0] and cpu[1] else "-"])
-    return (f"## TLS on TCP, placement `{pl}`: {label}\n\nOne client over TCP, one op in "
-            "flight, against a plain daemon and one with [tls] enabled (same loop, trials "
-            "alternating); ops/s (connect: connections/s) and the daemon's CPU µs per op "
-            "(summed over trials; 10 ms ticks).\n\n" + table(
-                ["op", "plain ops/s", "TLS ops/s", "TLS/plain", "plain server µs/op",
-                 "TLS server µs/op", "TLS/plain CPU"], rows))
+        plain, tls, auth = (res.row(pl, system, op, size)
+                            for system in ("mcd-tcp", "mcd-tcp+tls", "mcd-tcp+auth"))
+        speed = [(r or {}).get("median") for r in (plain, tls, auth)]
+        cpu = [((r or {}).get("cpu") or {}).get("server_cpu_us_per_unit")
+               for r in (plain, tls, auth)]
+        rows.append([name, cell(plain), cell(tls), cell(auth), ratio(speed[1], speed[0]),
+                     ratio(speed[2], speed[0]), fmt(cpu[0]), fmt(cpu[1]), fmt(cpu[2]),
+                     ratio(cpu[1], cpu[0]), ratio(cpu[2], cpu[0])])
+    return (f"## TLS and authentication on TCP, placement `{pl}`: {label}\n\nOne client over "
+            "TCP, one op in flight, against a plain daemon, one with [tls] enabled and one "
+            "with [auth] (same loop, trials alternating); ops/s (connect: connections/s) and "
+            "the daemon's CPU µs per op (summed over trials; 10 ms ticks).\n\n" + table(
+                ["op", "plain ops/s", "TLS ops/s", "auth ops/s", "TLS/plain", "auth/plain",
+                 "plain server µs/op", "TLS server µs/op", "auth server µs/op",
+                 "TLS/plain CPU", "auth/plain CPU"], rows))
 
 
 def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:

@@ -1,14 +1,18 @@
 """The TLS section of the benchmark (run.py --only tls), per CPU placement: what TLS on the
-TCP listener costs.
+TCP listener and authentication cost.
 
-Two daemons side by side on the placement's server CPUs, the default event loop, TCP only:
-`mcd-tcp` (plain) and `mcd-tcp+tls` ([tls] enabled with a certificate of a CA made for the
-run with the `openssl` command line, ECDSA P-256; the client verifies it). One client process
-per trial (the `tcp_ops` worker, tls_worker.py), one op in flight, the two daemons' trials
+Three daemons side by side on the placement's server CPUs, the default event loop, TCP only:
+`mcd-tcp` (plain), `mcd-tcp+tls` ([tls] enabled with a certificate of a CA made for the run
+with the `openssl` command line, ECDSA P-256; the client verifies it) and `mcd-tcp+auth`
+([auth] credentials_file with one principal at the default PBKDF2 iterations: every request
+is checked against its role, and each connection authenticates with auth_start + hello; the
+client derives its keys once per process, as a real client does). One client process per
+trial (the `tcp_ops` worker, tls_worker.py), one op in flight, the daemons' trials
 alternating: put and get of 4 KiB and 1 MiB (ops/s = ops / sum of per-op latencies; every
-value read back and checked), and connect + TLS handshake + hello (connections/s). Around
-each measurement the daemon's CPU time (utime + stime from /proc): server CPU per op. The
-report shows TLS / plain ratios of both, from the same run.
+value read back and checked), and connect + TLS handshake / authentication + hello
+(connections/s). Around each measurement the daemon's CPU time (utime + stime from /proc):
+server CPU per op. The report shows TLS / plain and auth / plain ratios of both, from the
+same run.
 
 On both loops a TLS connection's bytes pass through stdlib ssl's MemoryBIOs (mooncaked/tls.py):
 a put's payload is decrypted into the segment range, a get's value is encrypted into the
@@ -24,7 +28,8 @@ from common import GiB, KiB, MiB
 from procs import Noise, run_one
 from servers import start_mooncaked
 
-LABELS = ("mcd-tcp", "mcd-tcp+tls")
+LABELS = ("mcd-tcp", "mcd-tcp+tls", "mcd-tcp+auth")
+PRINCIPAL = "bench"
 OPS = ("tcp_put", "tcp_get")
 
 
@@ -63,6 +68,17 @@ def make_certificates(directory: str) -> dict:
             "key_file": path("server.key")}
 
 
+def make_credentials(directory: str) -> tuple[str, str]:
+    """A credentials file with one principal (write on every namespace) and its secret."""
+    from mooncaked import credentials
+    secret = os.urandom(32).hex()
+    path = os.path.join(directory, "credentials.toml")
+    credentials.write(path, credentials.with_principal(
+        credentials.Credentials(),
+        credentials.new_principal(PRINCIPAL, secret.encode(), {"*": "write"})))
+    return path, secret
+
+
 class TLSSection:
     def __init__(self, bench) -> None:
         self.b = bench
@@ -72,9 +88,12 @@ class TLSSection:
         certs = make_certificates(os.path.join(b.workdir, f"tls-certs-{pl.name}"))
         tls_config = {"enabled": True, "cert_file": certs["cert_file"],
                       "key_file": certs["key_file"]}
+        credentials_file, secret = make_credentials(os.path.dirname(certs["ca_file"]))
         servers = {}
         try:
-            for label, extra in (("mcd-tcp", None), ("mcd-tcp+tls", {"tls": tls_config})):
+            for label, extra in (("mcd-tcp", None), ("mcd-tcp+tls", {"tls": tls_config}),
+                                 ("mcd-tcp+auth",
+                                  {"auth": {"credentials_file": credentials_file}})):
                 server = start_mooncaked(b.py, os.path.join(b.workdir, f"{label}-{pl.name}"),
                                          pl, cfg.tls_segment, None, b.logfile(label),
                                          unix_socket=False, name=label, extra_sections=extra)
@@ -87,6 +106,8 @@ class TLSSection:
                     server = servers[label]
                     args = {"address": server.connect["tcp_address"],
                             "ca_file": certs["ca_file"] if label.endswith("+tls") else "",
+                            "principal": PRINCIPAL if label.endswith("+auth") else "",
+                            "secret": secret if label.endswith("+auth") else "",
                             "sizes": cfg.tls_sizes, "connects": cfg.tls_connects,
                             "server_pids": [server.process.pid],
                             "tag": f"{pl.name}-{label}-{trial}-{os.getpid()}"}
@@ -128,7 +149,7 @@ class TLSSection:
         results.add(pl.name, label, "tcp_connect", None, "conn/s",
                     [m["ops_s"] for m in ms] + pad, [m["p50_us"] for m in ms],
                     [m["p99_us"] for m in ms], noise, n=self.b.cfg.tls_connects,
-                    note="connect + TLS handshake (if any) + hello, then close",
+                    note="connect + TLS handshake or authentication (if any) + hello, then close",
                     errors=sum(m["errors"] for m in ms),
                     cpu=[{"units": m["n"], "bytes": 0, "wall_s": m["total_s"],
                           "server_cpu_s": m["server_cpu_s"], "client_cpu_s": m["client_cpu_s"]}

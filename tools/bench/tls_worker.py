@@ -1,7 +1,8 @@
 """Worker role of the TLS section (tls_cost.py), dispatched by workers.py:
 
     tcp_ops   one BlockingClient over TCP, plain or TLS (`ca_file` set: the daemon's
-              certificate verified against it): connect + hello `connects` times, then for
+              certificate verified against it) or authenticated (`principal` set, with
+              `secret`): connect + hello `connects` times, then for
               each (size, n): n puts of fresh keys, then n gets of them, one op in flight,
               each op timed; the daemon's CPU time around each loop; every value read back is
               checked (outside the timed calls)
@@ -22,10 +23,13 @@ def role_tcp_ops(a: dict) -> None:
     from mooncaked import tls
     from mooncaked.client.blocking import BlockingClient
     context = tls.client_context(a["ca_file"]) if a["ca_file"] else False
+    credentials = {"principal": a["principal"], "secret": a["secret"]} if a["principal"] \
+        else {}
 
     def connect():
         return BlockingClient.connect(a["address"], namespace="bench", tls=context,
-                                      map_segments=False)
+                                      map_segments=False, **credentials)
+    connect().close()  # the first connection derives the principal's keys (once a process)
     out = {}
     ns, errors = [], 0
     with CpuWindow(a["server_pids"]) as window:
