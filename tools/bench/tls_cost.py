@@ -69,13 +69,14 @@ def make_certificates(directory: str) -> dict:
 
 
 def make_credentials(directory: str) -> tuple[str, str]:
-    """A credentials file with one principal (write on every namespace) and its secret."""
+    """A credentials file with one principal (admin on every namespace: the worker also
+    asks `status`) and its secret."""
     from mooncaked import credentials
     secret = os.urandom(32).hex()
     path = os.path.join(directory, "credentials.toml")
     credentials.write(path, credentials.with_principal(
         credentials.Credentials(),
-        credentials.new_principal(PRINCIPAL, secret.encode(), {"*": "write"})))
+        credentials.new_principal(PRINCIPAL, secret.encode(), {"*": "admin"})))
     return path, secret
 
 
