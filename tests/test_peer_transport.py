@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from mooncaked.cluster.peer_security import PeerSecurity
 from mooncaked.cluster.peer_transport import PeerLink, PeerServer
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.io import uring
@@ -249,3 +250,28 @@ def test_a_large_header_before_peer_hello_closes_the_connection(loop_factory):
         finally:
             node.server.close()
     run(loop_factory, main())
+
+
+def test_a_connect_nobody_waits_for_any_more_fails_quietly(loop_factory, caplog):
+    """A caller that stops waiting (its own timeout) while the link still connects: when the
+    connect then fails, asyncio must not report an exception nobody retrieved."""
+    import gc
+    import logging
+    import socket
+
+    async def main():
+        silent = socket.socket()  # accepts, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        # With a cluster secret the link waits for the peer's challenge, which never comes.
+        link = PeerLink(7, "127.0.0.1:1", 1, lambda: f"127.0.0.1:{port}", MAX_PAYLOAD, 0.3,
+                        security=PeerSecurity(secret=os.urandom(32)))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(link.ensure_connected(), 0.05)
+        await asyncio.sleep(0.6)  # the connect's own timeout passes: it fails
+        silent.close()  # the link stays open, as a daemon's links to its peers do
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run(loop_factory, main())
+        gc.collect()  # a failed task nobody looked at is reported when it is freed
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

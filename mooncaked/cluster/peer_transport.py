@@ -300,6 +300,12 @@ class _LinkProtocol(_FrameReceiver):
             raise MooncakedError(ErrorCode.PROTOCOL_ERROR, f"{name} out of order")
 
 
+def _seen(task: asyncio.Task) -> None:
+    """Retrieve a background task's outcome, so that asyncio does not report it unhandled."""
+    if not task.cancelled():
+        task.exception()
+
+
 class PeerLink:
     """One outbound connection to a peer, reconnected on demand."""
 
@@ -369,6 +375,9 @@ class PeerLink:
             raise MooncakedError(ErrorCode.RPC_FAIL, "link closed")
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            # Seen here even when every caller stopped waiting (a call's timeout cancels the
+            # shield, not the task): a peer that is down is no unhandled error.
+            self._connecting.add_done_callback(_seen)
         try:
             await asyncio.shield(self._connecting)
         except (OSError, asyncio.TimeoutError) as exc:
@@ -380,7 +389,7 @@ class PeerLink:
         if self._closed or (self._connecting is not None and not self._connecting.done()):
             return
         task = asyncio.get_running_loop().create_task(self.ensure_connected())
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.add_done_callback(_seen)
 
     def _drop(self, protocol: _LinkProtocol, reason: str, abort: bool = True) -> None:
         """A connection is gone, broken or closed: close it and fail the calls sent on it."""
