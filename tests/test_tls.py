@@ -506,3 +506,19 @@ def test_a_process_without_the_cluster_secret_cannot_join_forward_or_write(tmp_p
                 assert reader.get("kept") == value_of(SMALL, 1)
     finally:
         cluster.close()
+
+
+def test_a_cluster_node_warns_when_its_peer_links_are_open_to_the_network(tmp_path):
+    """Peer links without a secret or TLS, on a non-loopback listener: said at start."""
+    secret = write_secret(str(tmp_path), "secret", os.urandom(32).hex().encode())
+    logs = {}
+    for name, extra in (("open", {}), ("secret", {"secret_file": secret})):
+        cluster = Cluster(1, cluster={"peer_host": "0.0.0.0", "advertise_host": "127.0.0.1",
+                                      **extra})
+        try:
+            cluster.start()
+            logs[name] = cluster.nodes[1].log()
+        finally:
+            cluster.close()
+    assert "peer links are not authenticated" in logs["open"]
+    assert "peer links are not authenticated" not in logs["secret"]

@@ -31,6 +31,7 @@ from mooncaked.cluster.peer_security import PeerSecurity
 from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized_bytearray
 from mooncaked.cluster.raft_node import RaftNode
 from mooncaked.config import parse_members
+from mooncaked.daemon.auth import is_loopback
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
@@ -121,6 +122,12 @@ class ClusterService:
         self.peer_address = f"{host}:{port}"
         log.info("peer listener on %s; peers authenticated by %s", self.peer_address,
                  self.security.describe())
+        if self.security.secret is None and self.security.server_context is None \
+                and not is_loopback(cc.peer_host):
+            log.warning("peer links are not authenticated ([tls] off, no [cluster] "
+                        "secret_file) and the peer listener is on %s, not loopback: any process "
+                        "that reaches port %d can join, forward requests and write replicas",
+                        cc.peer_host, port)
         self.addresses[self.node_id] = self.peer_address
         store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync)
         if self.members_config:
