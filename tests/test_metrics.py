@@ -193,12 +193,22 @@ def test_unknown_method_names_are_not_kept(daemon):
 
     names = [f"no-such-method-{n}-" + "x" * 1000 for n in range(50)]
     with connect(daemon, "tcp", 10) as sock:
-        sock.sendall(b"".join(request_frame(msgid, name, []) for msgid, name in
-                              enumerate(names)))
-        for msgid in range(len(names)):
+        # Before hello (HANDSHAKE_REQUIRED), then after it (UNKNOWN_METHOD).
+        frames = [request_frame(msgid, name, []) for msgid, name in enumerate(names)]
+        frames.append(request_frame(len(names), "hello", [{"protocol": 1}]))
+        frames += [request_frame(len(names) + 1 + msgid, name, [])
+                   for msgid, name in enumerate(names)]
+        sock.sendall(b"".join(frames))
+        for msgid in range(2 * len(names) + 1):
             answered, error, _, _ = read_response(sock)
-            assert answered == msgid and error[0] == ErrorCode.UNKNOWN_METHOD
+            assert answered == msgid
+            if msgid < len(names):
+                assert error[0] == ErrorCode.HANDSHAKE_REQUIRED
+            elif msgid > len(names):
+                assert error[0] == ErrorCode.UNKNOWN_METHOD
     text, families = scrape(daemon)
     assert "no-such-method" not in text
+    assert value(families, "mooncaked_requests", method="unknown",
+                 result="HANDSHAKE_REQUIRED") == len(names)
     assert value(families, "mooncaked_requests", method="unknown",
                  result="UNKNOWN_METHOD") == len(names)
