@@ -1,0 +1,75 @@
+"""A node removed from the cluster knows it, says so, and serves no cluster data.
+
+After `cluster drain N` (or `cluster remove N`) the removed node's own `cluster_status` says
+`removed`, its client data requests answer `NOT_A_MEMBER` (wire/PROTOCOL.md 5.4, 6), and the
+remaining nodes keep serving.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cluster_harness import Cluster
+from mooncaked.client.calls import ReplicateConfig
+from mooncaked.errors import ErrorCode, MooncakedError
+
+
+@pytest.fixture
+def cluster():
+    cluster = Cluster(3)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+def wait_until_removed(cluster: Cluster, node_id: int) -> dict:
+    deadline = time.monotonic() + 20
+    status = None
+    while time.monotonic() < deadline:
+        status = cluster.status(node_id)
+        if status and status.get("removed"):
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"node {node_id} never said it was removed: {status}")
+
+
+@pytest.mark.parametrize("method", ["cluster_drain", "cluster_remove"])
+def test_a_removed_node_says_so_and_refuses_data_requests(cluster, method):
+    leader = cluster.wait_for_leader()
+    victim = next(i for i in (3, 2) if i != leader)
+    keeper = next(i for i in (1, 2, 3) if i not in (leader, victim))
+    with cluster.client(victim) as client:
+        assert client.put("before", b"b" * 3000, ReplicateConfig(replica_num=2)) is True
+    with cluster.client(keeper) as client:
+        client.call(method, victim)
+
+    status = wait_until_removed(cluster, victim)
+    assert status["role"] == "removed" and status["registered"] is False
+    assert victim not in status["voters"] and victim not in status["learners"]
+
+    with cluster.client(victim) as client:
+        for call in (lambda: client.get("before"), lambda: client.put("after", b"a" * 100),
+                     lambda: client.exists("before"), lambda: client.remove("before")):
+            with pytest.raises(MooncakedError) as refused:
+                call()
+            assert refused.value.code == ErrorCode.NOT_A_MEMBER
+            assert "removed" in refused.value.message
+        # Its own view stays available to the operator.
+        assert client.call("cluster_status")["removed"] is True
+
+    # The others keep serving, and agree that it is gone.
+    for node_id in (leader, keeper):
+        with cluster.client(node_id) as client:
+            assert client.get("before") == b"b" * 3000
+            assert client.put(f"after-{node_id}", b"c" * 100) is True
+        status = cluster.status(node_id)
+        assert status["removed"] is False
+        assert victim not in status["voters"] and victim not in status["learners"]
+    # It no longer campaigns: the survivors' term does not move.
+    term = cluster.status(leader)["term"]
+    time.sleep(3 * 0.5)  # several election timeouts of the harness
+    assert cluster.status(leader)["term"] == term
+    assert cluster.wait_for_leader(among=[leader, keeper]) == leader
