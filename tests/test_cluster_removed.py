@@ -25,6 +25,15 @@ def cluster():
         cluster.close()
 
 
+def assert_silent(cluster: Cluster, node_id: int) -> None:
+    """A removed node campaigns no more: it sends no Raft message over several election
+    timeouts of the harness."""
+    time.sleep(0.5)  # a message the leader sent before it applied the removal is answered
+    before = cluster.status(node_id)["raft"]["messages_sent"]
+    time.sleep(1.5)
+    assert cluster.status(node_id)["raft"]["messages_sent"] == before
+
+
 def wait_until_removed(cluster: Cluster, node_id: int) -> dict:
     deadline = time.monotonic() + 20
     status = None
@@ -68,8 +77,33 @@ def test_a_removed_node_says_so_and_refuses_data_requests(cluster, method):
         status = cluster.status(node_id)
         assert status["removed"] is False
         assert victim not in status["voters"] and victim not in status["learners"]
-    # It no longer campaigns: the survivors' term does not move.
+    # It no longer campaigns, and the survivors' term does not move.
     term = cluster.status(leader)["term"]
-    time.sleep(3 * 0.5)  # several election timeouts of the harness
+    assert_silent(cluster, victim)
     assert cluster.status(leader)["term"] == term
     assert cluster.wait_for_leader(among=[leader, keeper]) == leader
+
+
+def test_a_node_removed_while_it_was_down_learns_it_when_it_comes_back(cluster):
+    """Its own log never saw the removal: it learns it from the leader, which no longer lists
+    it (and no longer replicates to it)."""
+    leader = cluster.wait_for_leader()
+    victim = next(i for i in (3, 2) if i != leader)
+    keeper = next(i for i in (1, 2, 3) if i not in (leader, victim))
+    cluster.nodes[victim].kill()  # SIGKILL: it announces nothing
+    with cluster.client(keeper) as client:
+        client.call("cluster_remove", victim)
+        assert client.put("while-down", b"w" * 100) is True
+    cluster.nodes[victim].start()  # the same data_dir: its log still lists it as a voter
+
+    status = wait_until_removed(cluster, victim)
+    assert status["role"] == "removed" and status["registered"] is False
+    with cluster.client(victim) as client:
+        with pytest.raises(MooncakedError) as refused:
+            client.get("while-down")
+        assert refused.value.code == ErrorCode.NOT_A_MEMBER
+    assert_silent(cluster, victim)
+    for node_id in (leader, keeper):
+        with cluster.client(node_id) as client:
+            assert client.get("while-down") == b"w" * 100
+        assert victim not in cluster.status(node_id)["voters"]

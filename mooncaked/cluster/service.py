@@ -111,6 +111,7 @@ class ClusterService:
         # Removed from the cluster (its own removal applied here, or the leader refused it as
         # no member): it serves no cluster data and does not register again.
         self.removed = False
+        self._membership_check_at = 0.0  # monotonic: when a leaderless node may ask peers again
         self._known_leader = 0
         self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
         # Numbers the writer ids of this node's puts; a random start keeps them apart from an
@@ -295,6 +296,7 @@ class ClusterService:
         self.registered_term = -1
         if self._registering is not None:
             self._registering.cancel()
+        self.raft.stop_ticking()  # it never campaigns again
         log.warning("this node was removed from the cluster (%s): it serves no cluster data; "
                     "to serve again, restart it with an empty data_dir and add it again", why)
 
@@ -382,11 +384,44 @@ class ClusterService:
 
     def _run_duties(self) -> None:
         self._schedule_duties()
+        if not self.raft.leader_id and not self.removed:
+            self._check_membership_soon()
         if self.raft.role != Role.LEADER or self._sweeping:
             return
         self._sweeping = True
         task = self._spawn(self._leader_duties())
         task.add_done_callback(lambda t: setattr(self, "_sweeping", False))
+
+    def _check_membership_soon(self) -> None:
+        now = time.monotonic()
+        if now >= self._membership_check_at:
+            self._membership_check_at = now + self._leader_wait_s()
+            self._spawn(self._check_membership())
+
+    async def _check_membership(self) -> None:
+        """A node that hears from no leader asks its peers whether it is still a member: one
+        removed while it was down, stopped or cut off never receives its removal (the leader
+        no longer replicates to it). Removed once a leader that has applied at least as much
+        of the log as this node lists it no more."""
+        conf = self.raft.core.conf_state
+        members = set(conf.voters) | set(conf.learners)
+        if self.node_id not in members:
+            return  # joining: not a member yet
+        applied = self.raft.applied_index
+        for node_id in sorted(members - {self.node_id}):
+            try:
+                status, _ = await self.control(node_id).call("status", [],
+                                                             timeout_s=self.rpc_timeout_s)
+            except MooncakedError:
+                continue
+            if type(status) is not dict or status.get("role") != "leader" \
+                    or not isinstance(status.get("applied"), int) \
+                    or status["applied"] < applied:
+                continue
+            if self.node_id not in status.get("voters", ()) \
+                    and self.node_id not in status.get("learners", ()):
+                self._mark_removed(f"node {node_id}, the leader, no longer lists it")
+            return
 
     async def _leader_duties(self) -> None:
         try:
