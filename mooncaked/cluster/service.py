@@ -112,6 +112,7 @@ class ClusterService:
         # no member): it serves no cluster data and does not register again.
         self.removed = False
         self._membership_check_at = 0.0  # monotonic: when a leaderless node may ask peers again
+        self._membership_check: asyncio.Task | None = None
         self._known_leader = 0
         self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
         # Numbers the writer ids of this node's puts; a random start keeps them apart from an
@@ -394,9 +395,10 @@ class ClusterService:
 
     def _check_membership_soon(self) -> None:
         now = time.monotonic()
-        if now >= self._membership_check_at:
+        checking = self._membership_check
+        if now >= self._membership_check_at and (checking is None or checking.done()):
             self._membership_check_at = now + self._leader_wait_s()
-            self._spawn(self._check_membership())
+            self._membership_check = self._spawn(self._check_membership())
 
     async def _check_membership(self) -> None:
         """A node that hears from no leader asks its peers whether it is still a member: one
