@@ -7,6 +7,8 @@ remaining nodes keep serving.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -84,17 +86,28 @@ def test_a_removed_node_says_so_and_refuses_data_requests(cluster, method):
     assert cluster.wait_for_leader(among=[leader, keeper]) == leader
 
 
-def test_a_node_removed_while_it_was_down_learns_it_when_it_comes_back(cluster):
+@pytest.mark.parametrize("absence", ["killed", "stopped"])
+def test_a_node_removed_while_it_was_away_learns_it_when_it_comes_back(cluster, absence):
     """Its own log never saw the removal: it learns it from the leader, which no longer lists
     it (and no longer replicates to it)."""
     leader = cluster.wait_for_leader()
     victim = next(i for i in (3, 2) if i != leader)
     keeper = next(i for i in (1, 2, 3) if i not in (leader, victim))
-    cluster.nodes[victim].kill()  # SIGKILL: it announces nothing
-    with cluster.client(keeper) as client:
-        client.call("cluster_remove", victim)
-        assert client.put("while-down", b"w" * 100) is True
-    cluster.nodes[victim].start()  # the same data_dir: its log still lists it as a voter
+    node = cluster.nodes[victim]
+    pid = node.process.pid
+    if absence == "killed":
+        node.kill()  # SIGKILL: it announces nothing
+    else:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with cluster.client(keeper) as client:
+            client.call("cluster_remove", victim)
+            assert client.put("while-down", b"w" * 100) is True
+    finally:
+        if absence == "stopped":
+            os.kill(pid, signal.SIGCONT)
+    if absence == "killed":
+        node.start()  # the same data_dir: its log still lists it as a voter
 
     status = wait_until_removed(cluster, victim)
     assert status["role"] == "removed" and status["registered"] is False
