@@ -120,3 +120,24 @@ def test_a_node_removed_while_it_was_away_learns_it_when_it_comes_back(cluster, 
         with cluster.client(node_id) as client:
             assert client.get("while-down") == b"w" * 100
         assert victim not in cluster.status(node_id)["voters"]
+
+
+def test_the_leader_drained_steps_down_and_says_it_was_removed(cluster):
+    leader = cluster.wait_for_leader()
+    others = [i for i in (1, 2, 3) if i != leader]
+    with cluster.client(leader) as client:
+        assert client.put("on-leader", b"l" * 2000,
+                          ReplicateConfig(preferred_segments=[f"node{leader}/0"])) is True
+        assert client.call("cluster_drain", leader)["moved"] >= 1
+    status = wait_until_removed(cluster, leader)
+    assert status["role"] == "removed"
+    new_leader = cluster.wait_for_leader(among=others)
+    assert new_leader in others
+    for node_id in others:
+        with cluster.client(node_id) as client:
+            assert client.get("on-leader") == b"l" * 2000
+        assert leader not in cluster.status(node_id)["voters"]
+    with cluster.client(leader) as client:
+        with pytest.raises(MooncakedError) as refused:
+            client.get("on-leader")
+        assert refused.value.code == ErrorCode.NOT_A_MEMBER

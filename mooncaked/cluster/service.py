@@ -635,7 +635,9 @@ class ClusterService:
         if method == "remove_member":
             (node_id,) = params
             await self.raft.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, node_id))
-            if node_id in self.daemon.master.state.nodes:
+            # A leader that removed itself has stepped down: the next one declares it down
+            # (a node that is no member is, _check_liveness).
+            if node_id in self.daemon.master.state.nodes and node_id != self.node_id:
                 await self.raft.propose(c.NodeDown(node_id))
             return 0
         if method == "transfer_leader":
