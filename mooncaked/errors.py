@@ -53,6 +53,9 @@ class ErrorCode(enum.IntEnum):
     TIMED_OUT = -3010
     # A response would carry more than max_payload_bytes; the connection stays usable.
     RESPONSE_TOO_LARGE = -3011
+    # Cluster: this node was removed from the cluster; it serves no cluster data. Ask another
+    # node (or restart this one with a fresh data_dir and add it again).
+    NOT_A_MEMBER = -3012
     # Authentication and roles (wire/PROTOCOL.md section 4.1).
     AUTH_FAILED = -3020  # hello's credentials were refused; the connection is closed after it
     PERMISSION_DENIED = -3021  # the principal lacks the role a request needs

@@ -45,6 +45,7 @@ DEFINITE = frozenset({
     ErrorCode.OBJECT_HAS_LEASE,      # remove refused
     ErrorCode.REPLICA_IS_NOT_READY,  # remove of an object being written: refused
     ErrorCode.BUSY,                  # a bound was reached before anything was done
+    ErrorCode.NOT_A_MEMBER,          # a removed node refuses before doing anything
 })
 # Codes that only a bug produces: a test fails when it sees one.
 BUG_CODES = frozenset({ErrorCode.INTERNAL_ERROR, ErrorCode.PROTOCOL_ERROR,

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from mooncaked.cluster.peer_security import PeerSecurity
-from mooncaked.cluster.peer_transport import PeerLink, PeerServer
+from mooncaked.cluster.peer_transport import PeerLink, PeerServer, PeerUnreachable
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.io import uring
 from mooncaked.proto import framing
@@ -203,10 +203,31 @@ def test_connection_cut_fails_the_call(loop_factory, cut):
             with pytest.raises(MooncakedError) as failed:
                 await link.call("read_replica", [0, 1 << 20], into=into, timeout_s=10)
             assert failed.value.code == ErrorCode.RPC_FAIL
+            # Sent before the connection failed: the peer may have acted on it.
+            assert not isinstance(failed.value, PeerUnreachable)
             assert not link.connected
         finally:
             link.close()
             server.close()
+    run(loop_factory, main())
+
+
+def test_a_call_to_an_unreachable_peer_says_nothing_was_sent(loop_factory):
+    async def main():
+        node = Node()
+        link = await node.link()
+        try:
+            assert (await link.call("echo", [], [b"x"], timeout_s=10))[0] == 1
+            node.server.close()  # the peer is gone: its connection closes, new ones are refused
+            while link.connected:  # until the link has seen its connection close
+                await asyncio.sleep(0.01)
+            for _ in range(2):
+                with pytest.raises(PeerUnreachable) as failed:
+                    await link.call("echo", [], [b"x"], timeout_s=10)
+                assert failed.value.code == ErrorCode.RPC_FAIL  # the code clients know
+                assert "cannot reach node 1" in failed.value.message
+        finally:
+            link.close()
     run(loop_factory, main())
 
 

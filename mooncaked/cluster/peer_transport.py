@@ -55,6 +55,14 @@ RequestHandler = Callable[[str, list, Any], Awaitable[tuple[Any, list | None]]]
 PayloadTarget = Callable[[str, list, int], memoryview | None]
 
 
+class PeerUnreachable(MooncakedError):
+    """RPC_FAIL before anything of the request was sent (no connection to the peer): the peer
+    cannot have acted on it, so the caller may send it again, there or elsewhere."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.RPC_FAIL, message)
+
+
 def _uninitialized_bytearray_maker():
     try:
         import ctypes
@@ -338,7 +346,7 @@ class PeerLink:
     async def _connect(self) -> None:
         address = self._address()
         if not address:
-            raise MooncakedError(ErrorCode.RPC_FAIL, f"no address known for node {self.peer_id}")
+            raise PeerUnreachable(f"no address known for node {self.peer_id}")
         host, _, port = address.rpartition(":")
         local = (self.source_host, 0) if self.source_host else None
         loop = asyncio.get_running_loop()
@@ -372,7 +380,7 @@ class PeerLink:
         if self.connected:
             return
         if self._closed:
-            raise MooncakedError(ErrorCode.RPC_FAIL, "link closed")
+            raise PeerUnreachable("link closed")
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
             # Seen here even when every caller stopped waiting (a call's timeout cancels the
@@ -381,8 +389,11 @@ class PeerLink:
         try:
             await asyncio.shield(self._connecting)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise MooncakedError(ErrorCode.RPC_FAIL,
-                                 f"cannot reach node {self.peer_id}: {exc}") from None
+            raise PeerUnreachable(f"cannot reach node {self.peer_id}: {exc}") from None
+        except PeerUnreachable:
+            raise
+        except MooncakedError as exc:  # the peer handshake failed: nothing was sent either
+            raise PeerUnreachable(f"cannot reach node {self.peer_id}: {exc.message}") from None
 
     def _kick(self) -> None:
         """Start connecting in the background (for one-way messages)."""
@@ -436,7 +447,7 @@ class PeerLink:
         await self.ensure_connected()
         protocol = self._protocol
         if protocol is None:  # lost again between connecting and now
-            raise MooncakedError(ErrorCode.RPC_FAIL, f"connection to node {self.peer_id} lost")
+            raise PeerUnreachable(f"connection to node {self.peer_id} lost")
         self._next_msgid = (self._next_msgid + 1) & framing.U32_MAX or 1
         msgid = self._next_msgid
         waiter = asyncio.get_running_loop().create_future()

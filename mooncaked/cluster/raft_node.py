@@ -129,6 +129,13 @@ class RaftNode:
         self._sync_thread.shutdown(wait=True)
         self.store.close()
 
+    def stop_ticking(self) -> None:
+        """For a node removed from the cluster: no more election timeouts, so it never
+        campaigns again; messages it still receives are handled."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
     def _tick(self) -> None:
         if self.halted is not None:
             return

@@ -28,7 +28,8 @@ from typing import Any
 from mooncaked.cluster import meta_requests
 from mooncaked.cluster.master import ReplicatedMaster
 from mooncaked.cluster.peer_security import PeerSecurity
-from mooncaked.cluster.peer_transport import PeerLink, PeerServer, uninitialized_bytearray
+from mooncaked.cluster.peer_transport import (PeerLink, PeerServer, PeerUnreachable,
+                                              uninitialized_bytearray)
 from mooncaked.cluster.raft_node import RaftNode
 from mooncaked.config import parse_members
 from mooncaked.daemon.auth import is_loopback
@@ -72,6 +73,12 @@ def _int_params(params: list, count: int, shape: str) -> list:
 # Forwarded methods that change nothing: asked again of a new leader when the old one is
 # replaced while it holds them.
 READ_ONLY_METHODS = frozenset({"read"})
+# A read is asked again after these: none of them says anything about its answer.
+RETRIED_READ_ERRORS = frozenset({ErrorCode.NO_LEADER, ErrorCode.OUTCOME_UNKNOWN,
+                                 ErrorCode.RPC_FAIL, ErrorCode.RPC_TIMEOUT})
+# Forwarded methods that propose one command: NO_LEADER says it was not applied, so they are
+# asked again (of the same leader, or a new one) until the wait for a leader ends.
+SINGLE_STEP_METHODS = frozenset({"put_start", "put_end", "put_revoke", "remove"})
 
 
 class ClusterService:
@@ -102,6 +109,11 @@ class ClusterService:
         self._duties: asyncio.TimerHandle | None = None
         self._sweeping = False
         self.leaving = False  # a clean stop announced: do not register again
+        # Removed from the cluster (its own removal applied here, or the leader refused it as
+        # no member): it serves no cluster data and does not register again.
+        self.removed = False
+        self._membership_check_at = 0.0  # monotonic: when a leaderless node may ask peers again
+        self._membership_check: asyncio.Task | None = None
         self._known_leader = 0
         self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
         # Numbers the writer ids of this node's puts; a random start keeps them apart from an
@@ -278,8 +290,29 @@ class ClusterService:
             self.addresses[change.node_id] = change.context.decode()
         log.info("membership: %s node %d; voters %s, learners %s", change.kind.name.lower(),
                  change.node_id, list(conf_state.voters), list(conf_state.learners))
-        if change.kind == ConfChangeKind.REMOVE and change.node_id == self.node_id:
-            log.warning("this node was removed from the cluster")
+        if change.kind == ConfChangeKind.REMOVE and change.node_id == self.node_id \
+                and self.node_id not in conf_state.voters \
+                and self.node_id not in conf_state.learners:
+            self._mark_removed("its removal was applied")
+
+    def _mark_removed(self, why: str) -> None:
+        """This node is no member any more: it stops registering and refuses data requests
+        (NOT_A_MEMBER) instead of serving a copy of the log that no longer grows."""
+        if self.removed:
+            return
+        self.removed = True
+        self.registered_term = -1
+        if self._registering is not None:
+            self._registering.cancel()
+        self.raft.stop_ticking()  # it never campaigns again
+        log.warning("this node was removed from the cluster (%s): it serves no cluster data; "
+                    "to serve again, restart it with an empty data_dir and add it again", why)
+
+    def check_member(self) -> None:
+        if self.removed:
+            raise MooncakedError(ErrorCode.NOT_A_MEMBER,
+                                 f"node {self.node_id} was removed from the cluster; "
+                                 "ask another node")
 
     def _snapshot_restored(self) -> None:
         for node in self.daemon.master.state.nodes.values():
@@ -289,7 +322,7 @@ class ClusterService:
     # -- registration -------------------------------------------------------------------------
 
     def _register_soon(self) -> None:
-        if self.leaving:
+        if self.leaving or self.removed:
             return
         if self._registering is None or self._registering.done():
             self._registering = self._spawn(self._register())
@@ -326,6 +359,8 @@ class ClusterService:
                 log.info("registered %d segment(s) with the cluster", segments.count)
                 return
             except MooncakedError as exc:
+                if exc.code == ErrorCode.NOT_A_MEMBER:
+                    return
                 log.info("registration: %s; retrying", exc.message)
                 await asyncio.sleep(self.cluster_config.tick_ms * 2 / 1000)
 
@@ -357,11 +392,45 @@ class ClusterService:
 
     def _run_duties(self) -> None:
         self._schedule_duties()
+        if not self.raft.leader_id and not self.removed:
+            self._check_membership_soon()
         if self.raft.role != Role.LEADER or self._sweeping:
             return
         self._sweeping = True
         task = self._spawn(self._leader_duties())
         task.add_done_callback(lambda t: setattr(self, "_sweeping", False))
+
+    def _check_membership_soon(self) -> None:
+        now = time.monotonic()
+        checking = self._membership_check
+        if now >= self._membership_check_at and (checking is None or checking.done()):
+            self._membership_check_at = now + self._leader_wait_s()
+            self._membership_check = self._spawn(self._check_membership())
+
+    async def _check_membership(self) -> None:
+        """A node that hears from no leader asks its peers whether it is still a member: one
+        removed while it was down, stopped or cut off never receives its removal (the leader
+        no longer replicates to it). Removed once a leader that has applied at least as much
+        of the log as this node lists it no more."""
+        conf = self.raft.core.conf_state
+        members = set(conf.voters) | set(conf.learners)
+        if self.node_id not in members:
+            return  # joining: not a member yet
+        applied = self.raft.applied_index
+        for node_id in sorted(members - {self.node_id}):
+            try:
+                status, _ = await self.control(node_id).call("status", [],
+                                                             timeout_s=self.rpc_timeout_s)
+            except MooncakedError:
+                continue
+            if type(status) is not dict or status.get("role") != "leader" \
+                    or not isinstance(status.get("applied"), int) \
+                    or status["applied"] < applied:
+                continue
+            if self.node_id not in status.get("voters", ()) \
+                    and self.node_id not in status.get("learners", ()):
+                self._mark_removed(f"node {node_id}, the leader, no longer lists it")
+            return
 
     async def _leader_duties(self) -> None:
         try:
@@ -421,11 +490,18 @@ class ClusterService:
 
     # -- forwarding to the leader -------------------------------------------------------------
 
-    async def leader_id(self) -> int:
-        """The current leader, waiting up to an election timeout for one to appear."""
-        deadline = time.monotonic() + 2 * self.cluster_config.election_ticks \
-            * self.cluster_config.tick_ms / 1000 + 1
+    def _leader_wait_s(self) -> float:
+        """How long a request waits for a leader: twice the election timeout plus 1 s."""
+        cc = self.cluster_config
+        return 2 * cc.election_ticks * cc.tick_ms / 1000 + 1
+
+    async def leader_id(self, deadline: float | None = None) -> int:
+        """The current leader, waiting until `deadline` (monotonic seconds; by default
+        _leader_wait_s from now) for one to appear, then NO_LEADER."""
+        if deadline is None:
+            deadline = time.monotonic() + self._leader_wait_s()
         while True:
+            self.check_member()
             leader = self.raft.leader_id
             if leader:
                 return leader
@@ -433,20 +509,68 @@ class ClusterService:
                 raise MooncakedError(ErrorCode.NO_LEADER, "the cluster has no leader now")
             await asyncio.sleep(self.cluster_config.tick_ms / 1000)
 
+    async def _before_asking_again(self, deadline: float, why: str) -> None:
+        """Wait until the leader changes or a tick passes (a restarted leader may be back);
+        NO_LEADER once the deadline has passed. Only for a request nothing applied."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MooncakedError(ErrorCode.NO_LEADER,
+                                 f"no leader answered in time ({why}); the request was not "
+                                 "applied")
+        await asyncio.wait([self._leader_changed],
+                           timeout=min(remaining, self.cluster_config.tick_ms / 1000))
+
+    @staticmethod
+    def _ask_again(method: str, error: MooncakedError) -> bool:
+        """Whether a failed attempt may be repeated: a read after any failure to get an answer;
+        another single-step request when nothing was applied (NO_LEADER)."""
+        if method in READ_ONLY_METHODS:
+            return error.code in RETRIED_READ_ERRORS
+        return method in SINGLE_STEP_METHODS and error.code == ErrorCode.NO_LEADER
+
     async def meta(self, method: str, params: list) -> Any:
-        """Run a metadata operation on the leader: here, or forwarded to it."""
+        """Run a metadata operation on the leader: here, or forwarded to it.
+
+        Until a leader answers, within _leader_wait_s: a request that never reached a leader
+        (none known, its node unreachable) is asked again, as is a read after any failure and
+        a single-step request the leader refused before applying it (NO_LEADER); then
+        NO_LEADER. A mutation the leader may have received answers the leader's answer, or,
+        when its outcome is unknown, OUTCOME_UNKNOWN (the leader changed while it held it) or
+        RPC_FAIL / RPC_TIMEOUT (the connection failed after it was sent).
+        """
+        deadline = time.monotonic() + self._leader_wait_s()
         while True:
-            leader = await self.leader_id()
+            leader = await self.leader_id(deadline)
             if leader == self.node_id:
-                return await self._leader_meta(method, params)
+                try:
+                    return await self._leader_meta(method, params)
+                except MooncakedError as exc:
+                    if not self._ask_again(method, exc):
+                        raise
+                    await self._before_asking_again(deadline, exc.message)
+                    continue
             self.stats["forwarded"] += 1
             call = asyncio.ensure_future(self.control(leader).call(
-                "meta", [method, params], timeout_s=self.rpc_timeout_s))
+                "meta", [method, params, self.node_id], timeout_s=self.rpc_timeout_s))
             changed = self._leader_changed
             await asyncio.wait([call, changed], return_when=asyncio.FIRST_COMPLETED)
             if call.done():
-                result, _ = call.result()
-                return result
+                try:
+                    result, _ = call.result()
+                    return result
+                except PeerUnreachable as exc:
+                    # Never sent: the leader cannot have acted on it. Ask again, of a new
+                    # leader or of this one once it is back.
+                    await self._before_asking_again(deadline, exc.message)
+                    continue
+                except MooncakedError as exc:
+                    if exc.code == ErrorCode.NOT_A_MEMBER:
+                        self._mark_removed(f"node {leader}, the leader, no longer lists it")
+                        self.check_member()
+                    if not self._ask_again(method, exc):
+                        raise
+                    await self._before_asking_again(deadline, exc.message)
+                    continue
             # A new leader is known while the old one still holds the request (paused, cut
             # off): do not wait out the RPC timeout. A read is asked again of the new leader;
             # a mutation may or may not have reached the old one's log.
@@ -518,7 +642,9 @@ class ClusterService:
         if method == "remove_member":
             (node_id,) = params
             await self.raft.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, node_id))
-            if node_id in self.daemon.master.state.nodes:
+            # A leader that removed itself has stepped down: the next one declares it down
+            # (a node that is no member is, _check_liveness).
+            if node_id in self.daemon.master.state.nodes and node_id != self.node_id:
                 await self.raft.propose(c.NodeDown(node_id))
             return 0
         if method == "transfer_leader":
@@ -570,13 +696,20 @@ class ClusterService:
     # -- peer requests ------------------------------------------------------------------------
 
     async def _on_request(self, method: str, params: list, payload: bytes | None):
-        if method in ("meta", "meta_forward"):
+        if method == "meta_forward":
             if len(params) != 2 or type(params[0]) is not str or type(params[1]) is not list:
                 raise MooncakedError(ErrorCode.INVALID_PARAMS, f"{method} takes [method, params]")
-            if method == "meta_forward":
-                # From a node that knows no leader (one joining): passed on at most once, so
-                # two nodes that disagree about the leader cannot bounce a request forever.
-                return await self.meta(params[0], params[1]), None
+            # From a node that knows no leader (one joining): passed on at most once, so two
+            # nodes that disagree about the leader cannot bounce a request forever.
+            return await self.meta(params[0], params[1]), None
+        if method == "meta":
+            if len(params) not in (2, 3) or type(params[0]) is not str \
+                    or type(params[1]) is not list \
+                    or (len(params) == 3 and type(params[2]) is not int):
+                raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                     "meta takes [method, params, from_node_id?]")
+            if len(params) == 3:
+                self._check_sender_is_member(params[2])
             return await self._leader_meta(params[0], params[1]), None
         if method == "write_replica":
             segment_id, offset = _int_params(params, 2, "[segment_id, offset]")
@@ -594,6 +727,19 @@ class ClusterService:
         if method == "status":
             return self.status(), None
         raise MooncakedError(ErrorCode.UNKNOWN_METHOD, f"no peer method {method!r}")
+
+    def _check_sender_is_member(self, node_id: int) -> None:
+        """A leader refuses a forwarded request from a node its applied membership no longer
+        lists (removed while it was cut off, or before it applied its own removal): that node
+        learns it was removed from this answer. A node still joining forwards nothing until
+        this leader replicates to it, which it does only once it has applied the node's
+        addition."""
+        if self.raft.role != Role.LEADER:
+            return  # _leader_meta answers NO_LEADER
+        conf = self.raft.core.conf_state
+        if node_id not in conf.voters and node_id not in conf.learners:
+            raise MooncakedError(ErrorCode.NOT_A_MEMBER,
+                                 f"node {node_id} was removed from the cluster")
 
     def _payload_target(self, method: str, params: list, length: int) -> memoryview | None:
         """Where the peer server receives a request's payload: a write_replica's goes straight
@@ -714,12 +860,13 @@ class ClusterService:
         state = self.daemon.master.state
         return {
             "node_id": self.node_id, "peer_address": self.peer_address,
-            "leader": self.raft.leader_id, "role": self.raft.role.name.lower(),
+            "leader": self.raft.leader_id,
+            "role": "removed" if self.removed else self.raft.role.name.lower(),
             "term": raft.get("term"), "commit": raft.get("commit"),
             "applied": raft.get("applied"), "last_index": raft.get("last_index"),
             "voters": list(self.raft.core.conf_state.voters),
             "learners": list(self.raft.core.conf_state.learners),
-            "registered": self.registered_term >= 0,
+            "registered": self.registered_term >= 0, "removed": self.removed,
             "nodes": [{"node_id": n.node_id, "name": n.name, "up": n.up,
                        "client_address": n.client_address, "peer_address": n.peer_address,
                        "segments": sum(1 for s in state.segments

@@ -334,5 +334,19 @@ for _name in ("put_start", "put_end", "put_revoke", "batch_put_start", "batch_pu
               "batch_put_commit"):
     _OVERRIDES[_name] = _no_shared_memory
 
+
+
+def _members_only(handler):
+    """A local view of the log (objects, segments, quotas): refused on a removed node, whose
+    copy of the log no longer grows (NOT_A_MEMBER)."""
+    def members_only(conn, params: list, payload_length: int):
+        conn.daemon.cluster.check_member()
+        return handler(conn, params, payload_length)
+    return members_only
+
+
+for _name in ("objects_list", "object_stat", "segments", "quota_list"):
+    _OVERRIDES[_name] = _members_only(single.HANDLERS[_name])
+
 HANDLERS = {**single.HANDLERS, **_OVERRIDES}
 PAYLOAD_METHODS = single.PAYLOAD_METHODS
