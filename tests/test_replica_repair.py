@@ -5,20 +5,28 @@ is put with two replicas, a node holding one is declared down, and a repair rese
 (PutStart under RESERVED_NAMESPACE) is committed into the value with AddReplicas. Checked:
 the replicas and namespace usage after it, that a stale copy (the value upserted, removed or
 evicted meanwhile) changes nothing at all (equal digests), the refusals, the snapshot round
-trip of replica_num (old snapshots too), the codec, and what the leader's repair would queue
-(cluster/repair.py `under_replicated`, `repair_targets`).
+trip of replica_num (old snapshots too), the codec, what the leader's repair would queue
+(cluster/repair.py `under_replicated`, `repair_targets`), and the leader's repair step over a
+fake service whose log applies each proposal at once (a copy, an upsert racing it, a failed
+write).
 """
 
 from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
 
 import msgpack
 import pytest
 
 from mooncaked._native import OffsetAllocator
-from mooncaked.cluster.repair import repair_targets, under_replicated
+from mooncaked.cluster.repair import ReplicaRepair, repair_targets, under_replicated
+from mooncaked.config import ClusterConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec, commands as c
 from mooncaked.meta.state_machine import StateMachine
+from mooncaked.raft.types import Role
 
 KEY = ("ns", "k")
 SIZE = 1000
@@ -204,3 +212,95 @@ def test_repair_queues_values_that_lost_a_replica_and_targets_other_nodes():
     state.apply(c.NodeDown(3))
     assert under_replicated(state) == []
     assert repair_targets(state, KEY, state.readable(KEY))[0] == 0
+
+
+# -- the leader's repair step (cluster/repair.py ReplicaRepair._repair), over a fake service -
+
+class FakeRaft:
+    """Applies each proposal at once (through the codec, as the log would)."""
+
+    def __init__(self, state: StateMachine) -> None:
+        self.state = state
+        self.role = Role.LEADER
+        self.core = SimpleNamespace(term=1)
+        self.proposed: list = []
+
+    def propose(self, command):
+        future = asyncio.get_running_loop().create_future()
+        self.proposed.append(command)
+        try:
+            future.set_result(self.state.apply(codec.decode(codec.encode(command))))
+        except MooncakedError as exc:
+            future.set_exception(exc)
+        return future
+
+
+class FakeService:
+    def __init__(self, state: StateMachine, during_write=None) -> None:
+        self.node_id = 2
+        self.put_attempts = 0
+        self.cluster_config = ClusterConfig()
+        self.raft = FakeRaft(state)
+        self.master = SimpleNamespace(now_ms=lambda: 50, _rng=random.Random(1))
+        self.daemon = SimpleNamespace(master=SimpleNamespace(state=state))
+        self.during_write = during_write
+        self.written: list = []
+
+    async def read_replica_bytes(self, replicas, size):
+        return b"v" * size
+
+    async def write_replicas(self, replicas, payload):
+        self.written.append(([r.segment_id for r in replicas], bytes(payload)))
+        if self.during_write is not None:
+            self.during_write()
+
+
+def run_repair(service) -> ReplicaRepair:
+    repair = ReplicaRepair(service)
+    repair._term = 1
+    asyncio.run(repair._repair(1, KEY))
+    return repair
+
+
+def reservations(state):
+    return [k for k in state.objects if k[0] == c.RESERVED_NAMESPACE]
+
+
+def test_the_repair_step_copies_to_a_node_without_a_replica():
+    state = new_state()
+    lose_a_replica(state)
+    service = FakeService(state)
+    repair = run_repair(service)
+    assert service.written == [([seg(3)], b"v" * SIZE)]
+    assert [r.segment_id for r in state.readable(KEY).replicas] == [seg(2), seg(3)]
+    assert repair.stats["objects_repaired"] == 1 and repair.stats["replicas_added"] == 1
+    assert repair.stats["bytes_copied"] == SIZE and not reservations(state)
+    state.check_invariants()
+
+
+def test_the_repair_step_never_undoes_an_upsert_made_while_it_copied():
+    state = new_state()
+    lose_a_replica(state)
+    service = FakeService(state, during_write=lambda: put(
+        state, writer=9, now=30, upsert=True, on=("node2/0", "node3/0")))
+    repair = run_repair(service)
+    assert type(service.raft.proposed[-2]) is c.AddReplicas  # refused, then revoked
+    assert type(service.raft.proposed[-1]) is c.PutRevoke
+    assert state.readable(KEY).writer_id == 9 and len(state.readable(KEY).replicas) == 2
+    assert repair.stats["superseded"] == 1 and repair.stats["objects_repaired"] == 0
+    assert not reservations(state)
+    state.check_invariants()
+
+
+def test_a_failed_copy_revokes_its_reservation_with_a_hold():
+    state = new_state()
+    lose_a_replica(state)
+
+    def fail():
+        raise MooncakedError(ErrorCode.TRANSFER_FAIL, "node 3 unreachable")
+    service = FakeService(state, during_write=fail)
+    with pytest.raises(MooncakedError):
+        run_repair(service)
+    assert not reservations(state) and state.deferred_bytes > 0  # held, not reused at once
+    assert len(state.readable(KEY).replicas) == 1
+    state.check_invariants()

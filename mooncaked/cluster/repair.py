@@ -189,7 +189,11 @@ class ReplicaRepair:
         if missing <= 0:
             return
         await self._throttle(version.size_bytes * missing)
-        if not self._leading(term):
+        if not self._leading(term) or state.objects.get(key) is not entry \
+                or entry.complete is not version:
+            return  # the value changed while waiting: the next scan sees the new one
+        missing, targets = repair_targets(state, key, version)
+        if missing <= 0:
             return
         payload = await service.read_replica_bytes(list(version.replicas), version.size_bytes)
         service.put_attempts += 1
