@@ -304,3 +304,27 @@ def test_a_failed_copy_revokes_its_reservation_with_a_hold():
     assert not reservations(state) and state.deferred_bytes > 0  # held, not reused at once
     assert len(state.readable(KEY).replicas) == 1
     state.check_invariants()
+
+
+def test_copies_are_spaced_to_keep_under_the_byte_rate(monkeypatch):
+    """_throttle: each copy's bytes push the next start by bytes / repair_bytes_per_s; a copy
+    waits only for what earlier copies used (a fake clock: nothing is timed)."""
+    import mooncaked.cluster.repair as repair_module
+    now, slept = [100.0], []
+
+    async def fake_sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+    monkeypatch.setattr(repair_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(repair_module.asyncio, "sleep", fake_sleep)
+    repair = ReplicaRepair(FakeService(new_state()))
+    repair.bytes_per_s = 1000
+
+    async def copies():
+        await repair._throttle(500)   # the first goes at once
+        await repair._throttle(1000)  # waits for the first's 0.5 s
+        now[0] += 5.0                 # idle: unused time is not saved up
+        await repair._throttle(2000)
+        await repair._throttle(10)    # waits for the previous copy's 2 s
+    asyncio.run(copies())
+    assert slept == [0.5, 2.0]
