@@ -175,6 +175,11 @@ class ClusterConfig:
     data_connections: int = _key(4, 1, 64, doc="connections per peer for replica bytes")
     stripe_bytes: int = _key(4 * MIB, 4096, GIB, unit="bytes",
                              doc="values larger than this go over several data connections")
+    repair_bytes_per_s: int = _key(256 * MIB, 0, 1 << 40, unit="bytes/s",
+                                   doc="the leader copies values that lost a replica with a "
+                                   "node to other nodes, at most this fast; 0 = no repair")
+    repair_concurrency: int = _key(4, 1, 1024, doc="values the leader copies at once when "
+                                   "repairing replicas")
     secret_file: str = _key("", doc="file holding the cluster secret (owner-only, 16+ bytes): "
                             "peers prove they know it in the peer handshake; empty = none")
 

@@ -449,7 +449,8 @@ def _cluster_status(client: BlockingClient) -> dict:
 @cluster.command("status")
 @click.pass_obj
 def cluster_status(settings: Settings) -> None:
-    """This node's view: role, leader, term, commit and applied index, voters, learners."""
+    """This node's view: role, leader, term, commit and applied index, voters, learners,
+    replica repair (on the leader)."""
     with connected(settings) as client:
         data = _cluster_status(client)
     shown = {k: v for k, v in data.items() if k not in ("nodes", "raft")}

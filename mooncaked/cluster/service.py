@@ -10,6 +10,8 @@
 - The leader declares a node down when it has heard nothing from it for `node_ttl_ms`
   (NodeDown: its segments and their replicas are dropped), promotes learners once they have
   caught up, and runs the expiry and eviction sweep.
+- The leader restores replica_num after a node is declared down, copying the values that lost
+  a replica to other nodes (cluster/repair.py).
 - Each node registers itself (NodeUp, then MountSegment for each of its segments) once a
   leader is known, and again whenever the log says it was declared down.
 - Namespace quotas are replicated state (SetQuota): a new leader proposes the `[namespaces]`
@@ -31,6 +33,7 @@ from mooncaked.cluster.peer_security import PeerSecurity
 from mooncaked.cluster.peer_transport import (PeerLink, PeerServer, PeerUnreachable,
                                               uninitialized_bytearray)
 from mooncaked.cluster.raft_node import RaftNode
+from mooncaked.cluster.repair import ReplicaRepair
 from mooncaked.config import parse_members
 from mooncaked.daemon.auth import is_loopback
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -123,6 +126,7 @@ class ClusterService:
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
                       "replica_read_failovers": 0, "nodes_declared_down": 0}
+        self.repair = ReplicaRepair(self)
 
     # -- start and stop -----------------------------------------------------------------------
 
@@ -188,6 +192,7 @@ class ClusterService:
             log.info("could not announce leaving: %s", getattr(exc, "message", "timeout"))
 
     def close(self) -> None:
+        self.repair.stop()
         if self._duties is not None:
             self._duties.cancel()
         for task in list(self._tasks):
@@ -258,12 +263,17 @@ class ClusterService:
             self._leader_since = now = time.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
+            self.repair.start(term)
+        else:
+            self.repair.stop()
         if leader and self.registered_term < 0:
             self._register_soon()
 
     def _applied(self, index: int, command, result) -> None:
         if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment)):
             self._check_own_segments()
+        if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment, c.MountSegment)):
+            self.repair.state_changed()
         if isinstance(command, c.NodeUp):
             self.addresses[command.node_id] = command.peer_address
             # It has just registered: its silence is counted from here, not from before it
@@ -872,4 +882,4 @@ class ClusterService:
                        "segments": sum(1 for s in state.segments
                                        if c.node_of_segment(s) == n.node_id)}
                       for n in state.nodes.values()],
-            "raft": raft, **self.stats}
+            "raft": raft, "repair": self.repair.status(), **self.stats}

@@ -165,8 +165,22 @@ class StatsCollector:
             ("mooncaked_cluster_nodes_declared_down", "Nodes this leader declared down",
              cluster.stats["nodes_declared_down"]),
         ]
+        repair = cluster.repair
+        counters += [
+            ("mooncaked_cluster_repair_objects", "Values this leader gave back missing replicas",
+             repair.stats["objects_repaired"]),
+            ("mooncaked_cluster_repair_replicas_added", "Replicas this leader's repair added",
+             repair.stats["replicas_added"]),
+            ("mooncaked_cluster_repair_bytes_copied", "Value bytes this leader's repair wrote",
+             repair.stats["bytes_copied"]),
+            ("mooncaked_cluster_repair_failures", "Repair copies that failed (tried again later)",
+             repair.stats["failures"]),
+        ]
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("mooncaked_cluster_repair_queued", "Values waiting for repair "
+                                "on this leader (copies in progress included)",
+                                value=len(repair.queue) + repair.in_progress)
 
 
 def make_registry(daemon) -> CollectorRegistry:

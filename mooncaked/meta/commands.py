@@ -115,6 +115,25 @@ class PutCommit:
 
 
 @dataclass(frozen=True, slots=True)
+class AddReplicas:
+    """Give an object's readable version the replicas a repair copied its bytes into.
+
+    The copies were written into the ranges of a reservation (a PutStart under
+    RESERVED_NAMESPACE, in the pool of the object's namespace); this moves those ranges into the
+    version's replicas. Applied only while the version is still the one copied (same writer_id
+    and started_ms), the reservation holds as many bytes on segments the version does not use,
+    and the replicas stay within the replica_num it was put with. Otherwise nothing changes:
+    an upsert or remove that came first is never undone, and the reservation stays its
+    writer's to revoke.
+    """
+    object_key: ObjectKey
+    writer_id: int  # of the version copied
+    started_ms: int  # of the version copied
+    reserved_key: ObjectKey
+    reservation_writer_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Remove:
     object_key: ObjectKey
     release_at_ms: int  # the object's memory is reused only after this (its read lease's end)

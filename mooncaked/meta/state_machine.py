@@ -69,15 +69,17 @@ class Replica:
 
 
 class Version:
-    """One value of an object: its size and the replicas holding its bytes."""
-    __slots__ = ("size_bytes", "replicas", "writer_id", "started_ms")
+    """One value of an object: its size, the replicas holding its bytes, and how many replicas
+    its put asked for (what repair restores after a node is lost)."""
+    __slots__ = ("size_bytes", "replicas", "writer_id", "started_ms", "replica_num")
 
     def __init__(self, size_bytes: int, replicas: list[Replica], writer_id: int,
-                 started_ms: int) -> None:
+                 started_ms: int, replica_num: int) -> None:
         self.size_bytes = size_bytes
         self.replicas = replicas
         self.writer_id = writer_id
         self.started_ms = started_ms
+        self.replica_num = replica_num
 
 
 class ObjectEntry:
@@ -159,6 +161,7 @@ class StateMachine:
             c.NodeUp: self._node_up,
             c.NodeDown: self._node_down,
             c.SetQuota: self._set_quota,
+            c.AddReplicas: self._add_replicas,
         }
 
     def apply(self, command):
@@ -287,7 +290,8 @@ class StateMachine:
             self._add_object(key, entry)
         replicas = [Replica(segment.segment_id, offset, handle)
                     for segment, offset, handle in placed]
-        entry.pending = Version(cmd.size_bytes, replicas, cmd.writer_id, cmd.now_ms)
+        entry.pending = Version(cmd.size_bytes, replicas, cmd.writer_id, cmd.now_ms,
+                                cmd.replica_num)
         self._charge(key, _version_bytes(entry.pending))
         entry.soft_pin_ttl_ms = cmd.soft_pin_ttl_ms
         self.pending_order[key] = cmd.now_ms
@@ -360,11 +364,49 @@ class StateMachine:
         self._drop_object(cmd.reserved_key)
         committed = ObjectEntry(cmd.hard_pin, cmd.now_ms)
         committed.complete = Version(version.size_bytes, version.replicas, cmd.writer_id,
-                                     cmd.now_ms)
+                                     cmd.now_ms, version.replica_num)
         if cmd.soft_pin_ttl_ms is not None:
             committed.soft_pin_deadline_ms = cmd.now_ms + cmd.soft_pin_ttl_ms
         self._add_object(key, committed)
         self._charge(key, _version_bytes(committed.complete))
+
+    def _add_replicas(self, cmd: c.AddReplicas) -> int:
+        """Move a repair's reservation into the replicas of the version it copied; returns the
+        replicas added. Refused, changing nothing, unless that version is still readable."""
+        reserved = self._owned_pending(cmd.reserved_key, cmd.reservation_writer_id)
+        copies = reserved.pending
+        if reserved.complete is not None or cmd.reserved_key[0] != c.RESERVED_NAMESPACE:
+            raise MooncakedError(ErrorCode.INVALID_WRITE, "not a reservation")
+        key = cmd.object_key
+        entry = self.objects.get(key)
+        version = entry.complete if entry is not None else None
+        if version is None:
+            raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "the object has no readable value")
+        if version.writer_id != cmd.writer_id or version.started_ms != cmd.started_ms:
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "the object has another value than the one copied")
+        if copies.size_bytes != version.size_bytes:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"the reserved ranges have {copies.size_bytes} bytes, the "
+                                 f"value {version.size_bytes}")
+        used = {r.segment_id for r in version.replicas}
+        if any(r.segment_id in used for r in copies.replicas):
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "a copy is on a segment that already holds the value")
+        if len(version.replicas) + len(copies.replicas) > version.replica_num:
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 f"the value was put with {version.replica_num} replicas")
+        pool = self.pool_of(key[0])
+        if any(self.segments[r.segment_id].pool_namespace != pool for r in copies.replicas):
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "the reserved ranges are not in the pool of the key's namespace")
+        del self.pending_order[cmd.reserved_key]
+        self._charge(cmd.reserved_key, -_version_bytes(copies))
+        self._drop_object(cmd.reserved_key)
+        # A new list: readers in flight keep the replica list they were given.
+        version.replicas = version.replicas + copies.replicas
+        self._charge(key, _version_bytes(copies))
+        return len(copies.replicas)
 
     def _put_revoke(self, cmd: c.PutRevoke) -> None:
         entry = self._owned_pending(cmd.object_key, cmd.writer_id)
@@ -625,10 +667,11 @@ class StateMachine:
 
         Holds everything later commands depend on, in the orders they are iterated in:
         segments with their allocators' exact internal state (OffsetAllocator.dump), nodes,
-        objects with both versions and pins, the pending order, the deferred heap as laid out,
-        its sequence counter and byte count, the clock, and the namespace quotas (usage is
-        derived from the objects, and recounted by `restore`). The config values are recorded
-        too (restore keeps the instance's own). The same state always gives the same bytes.
+        objects with both versions (each with the replica_num it was put with) and pins, the
+        pending order, the deferred heap as laid out, its sequence counter and byte count, the
+        clock, and the namespace quotas (usage is derived from the objects, and recounted by
+        `restore`). The config values are recorded too (restore keeps the instance's own). The
+        same state always gives the same bytes.
         """
         def replicas(rs):
             return [[r.segment_id, r.offset, r.handle] for r in rs]
@@ -636,7 +679,8 @@ class StateMachine:
         def version(v):
             if v is None:
                 return None
-            return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas)]
+            return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas),
+                    v.replica_num]
 
         state = {
             "format": 2,
@@ -772,12 +816,17 @@ class StateMachine:
         def parse_version(value, what):
             if value is None:
                 return None
-            size_bytes, writer_id, started_ms, replicas = row(value, 4, what)
-            need(is_int(size_bytes) and is_int(writer_id) and is_int(started_ms), f"bad {what}")
+            # Four fields in snapshots written before versions kept their replica_num: the
+            # replicas they have count as the ones asked for.
+            if type(value) is tuple and len(value) == 4:
+                value = value + (len(value[3]) if type(value[3]) is tuple else 0,)
+            size_bytes, writer_id, started_ms, replicas, replica_num = row(value, 5, what)
+            need(is_int(size_bytes) and is_int(writer_id) and is_int(started_ms)
+                 and is_int(replica_num) and replica_num >= 0, f"bad {what}")
             replicas = parse_replicas(replicas, what)
             sids = [r.segment_id for r in replicas]
             need(len(set(sids)) == len(sids), f"{what}: two replicas on one segment")
-            return Version(size_bytes, replicas, writer_id, started_ms)
+            return Version(size_bytes, replicas, writer_id, started_ms, replica_num)
 
         objects: dict[c.ObjectKey, ObjectEntry] = {}
         for item in seq_of(top["objects"], "objects"):
