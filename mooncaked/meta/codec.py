@@ -30,6 +30,7 @@ TAGS: dict[type, int] = {
     c.NodeDown: 10,
     c.PutCommit: 11,
     c.SetQuota: 12,
+    c.MoveCommit: 13,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
