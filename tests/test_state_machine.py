@@ -672,3 +672,16 @@ def test_move_commit_codec_round_trip():
     assert codec.decode(codec.encode(command)) == command
     with pytest.raises(ValueError):
         codec.encode(c.MoveCommit(MOVE, KEY, "9", 1, 1, 5, 105))
+
+
+def test_a_preempted_upsert_never_replaces_a_later_started_one():
+    state = new_master().state
+    for writer in (1, 2, 3):
+        _upsert_start(state, writer, writer, size=100 * writer)
+    _end(state, 2, 4)  # preempted by 3, which is still writing: 2 takes effect
+    assert state.readable(KEY).size_bytes == 200
+    _end(state, 1, 5)  # started before 2, which has completed: superseded
+    assert state.readable(KEY).size_bytes == 200
+    state.apply(c.PutRevoke(KEY, 3))
+    assert state.readable(KEY).size_bytes == 200  # the last to start of those that succeeded
+    state.check_invariants()

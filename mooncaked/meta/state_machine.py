@@ -103,9 +103,9 @@ class PreemptedWrite:
     """An unfinished upsert that a later upsert of its key preempted (`_put_start`).
 
     Last writer wins and both upserts succeed: when its writer ends it, it takes effect then
-    (its ranges are taken back from the deferred list), unless a later upsert of the key has
-    completed meanwhile (`superseded`): then it succeeds without change, as if done just
-    before that one. Kept until its ranges' release deadline; forgotten earlier when the key
+    (its ranges are taken back from the deferred list), unless a later-started upsert of the
+    key has completed meanwhile (`superseded`): then it succeeds without change, as if done
+    just before that one. Records of a key are kept in start order. Kept until its ranges' release deadline; forgotten earlier when the key
     is removed or its writer revokes it or starts again.
     """
     __slots__ = ("size_bytes", "started_ms", "soft_pin_ttl_ms", "hard_pin", "deferred_seq",
@@ -395,6 +395,12 @@ class StateMachine:
             self._deferred[index] = last
             heapq.heapify(self._deferred)
         self.deferred_bytes -= self._size_of(replicas)
+        # Upserts preempted before this one started before it (records are kept in start
+        # order): a later upsert has now completed over them.
+        for writer_id, earlier in self.preempted[key].items():
+            if writer_id == cmd.writer_id:
+                break
+            earlier.superseded = True
         self._forget_preempted(key, cmd.writer_id)
         if entry is None:
             entry = ObjectEntry(record.hard_pin, cmd.now_ms)
