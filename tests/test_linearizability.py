@@ -392,3 +392,89 @@ def test_large_history():
     h = generate(rng, 100_000, 32, [f"key{i}" for i in range(16)], p_unknown=0.02)
     r = check(h, time_budget_s=60)
     assert r.ok and r.conclusive and r.operations == 100_000 and r.checked_keys == 16
+
+
+# -- histories of the store's own state machine: concurrent upserts, puts, removes ------------
+
+def _store_history(seed: int, with_removes: bool, with_expiry: bool):
+    """Clients' operations on one key run against the real Master and state machine, each
+    write split into its PutStart and PutEnd with other clients' steps in between; returns
+    the history and the number of upserts that failed."""
+    from mooncaked.errors import MooncakedError
+    from mooncaked.meta.master import ReplicateConfig
+    from test_state_machine import new_master
+
+    rng = random.Random(seed)
+    master = new_master()  # release timeout 1000 ms
+    key = ("ns", K)
+    history, writing = [], {}  # writing: client -> (kind, value, invoke time)
+    failed_upserts = 0
+    now = 0
+    values = iter(range(1, 10 ** 9))
+    for _ in range(120):
+        now += 1500 if with_expiry and rng.random() < 0.03 else 1
+        client = rng.randrange(5)
+        if client in writing:
+            kind, value, t0 = writing.pop(client)
+            try:
+                master.put_end(key, client, now)
+                history.append(op(client, kind, True, t0, now, value))
+            except MooncakedError:
+                # Nothing readable ever held the value: recorded as unknown, which is sound.
+                history.append(op(client, kind, None, t0, None, value))
+                failed_upserts += kind == "upsert"
+            continue
+        roll = rng.random()
+        if roll < 0.5:
+            kind = "upsert" if rng.random() < 0.8 else "put"
+            value = next(values)
+            try:
+                master.put_start(key, 100, ReplicateConfig(), kind == "upsert", client, now)
+            except MooncakedError:
+                assert kind == "put"
+                if master.state.readable(key) is not None:
+                    history.append(op(client, "put", False, now, now, value))
+                # else it found the key being written: a refusal outside the model, which
+                # changed nothing, so it is left out
+                continue
+            writing[client] = (kind, value, now)
+        elif roll < 0.6 and with_removes:
+            try:
+                master.remove(key, True, now)
+                history.append(op(client, "remove", True, now, now))
+            except MooncakedError:
+                if master.state.objects.get(key) is None:
+                    history.append(op(client, "remove", False, now, now))
+        else:
+            version = master.get(key, now)
+            history.append(op(client, "get", None if version is None else
+                              _value_of(history, version), now, now))
+        if with_expiry:
+            master.tick(now)
+    return history, failed_upserts
+
+
+def _value_of(history, version):
+    """The value id of the write that made `version` readable: the state machine keeps the
+    writer id and start time; the test's writers are identified by (client, invoke time)."""
+    for item in reversed(history):
+        if item.kind in ("put", "upsert") and item.client == version.writer_id \
+                and item.invoke_ns <= version.started_ms and item.value is not None \
+                and item.result is not False:
+            return item.value
+    raise AssertionError("a readable version nobody wrote")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_concurrent_upserts_of_the_store_are_linearizable_and_succeed(seed):
+    history, failed = _store_history(seed, with_removes=False, with_expiry=False)
+    result = check(history)
+    assert result.ok, result.explanation
+    assert failed == 0  # without removes or expiry, every upsert succeeds
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_store_histories_with_removes_and_expiry_are_linearizable(seed):
+    history, _ = _store_history(seed, with_removes=True, with_expiry=True)
+    result = check(history)
+    assert result.ok, result.explanation

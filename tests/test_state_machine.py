@@ -469,3 +469,219 @@ def test_commands_written_before_pools_decode_with_the_shared_pool():
     for broken in (fields[:-2], fields[:-1] + [7], fields + ["x"]):
         with pytest.raises(ValueError):
             codec.decode(msgpack.packb(broken))
+
+
+# -- concurrent upserts of one key: last writer wins, both succeed ---------------------------
+
+KEY = ("ns", "hot")
+
+
+def _upsert_start(state, writer, now, size=100, key=KEY):
+    return state.apply(c.PutStart(key, size, 1, (), None, False, True, writer, now, writer))
+
+
+def _end(state, writer, now, key=KEY):
+    return state.apply(c.PutEnd(key, writer, now, now))
+
+
+def test_a_preempted_upsert_superseded_by_a_later_one_succeeds_and_changes_nothing():
+    state = new_master().state
+    _upsert_start(state, 1, 0, size=100)
+    _upsert_start(state, 2, 1, size=200)  # preempts writer 1
+    _end(state, 2, 2)
+    replicas = state.readable(KEY).replicas
+    _end(state, 1, 3)  # superseded: done just before writer 2's value replaced it
+    assert state.readable(KEY).size_bytes == 200
+    assert state.readable(KEY).replicas == replicas
+    assert not state.preempted
+    state.check_invariants()
+
+
+def test_a_preempted_upsert_that_ends_first_takes_effect_then_the_later_one():
+    state = new_master().state
+    _upsert_start(state, 1, 0, size=100)
+    _upsert_start(state, 2, 1, size=200)
+    _end(state, 1, 2)  # writer 2 still writing: writer 1's value becomes readable now
+    assert state.readable(KEY).size_bytes == 100
+    assert state.objects[KEY].pending.writer_id == 2
+    state.check_invariants()
+    _end(state, 2, 3)
+    assert state.readable(KEY).size_bytes == 200
+    state.check_invariants()
+    assert state.apply(c.ReleaseExpired(5000)) >= 1
+    state.check_invariants()
+    assert state.deferred_bytes == 0
+
+
+def test_the_ranges_of_an_ended_preempted_upsert_are_not_freed_twice():
+    state = new_master().state
+    _upsert_start(state, 1, 0, size=100)
+    _upsert_start(state, 2, 1, size=200)
+    _end(state, 1, 2)
+    _end(state, 2, 3)
+    state.apply(c.ReleaseExpired(10 ** 6))  # every deadline passed
+    state.check_invariants()
+    assert state.deferred_bytes == 0 and not state.preempted
+    assert state.readable(KEY).size_bytes == 200
+
+
+def test_a_preempted_upsert_whose_write_expired_fails():
+    state = new_master().state  # release timeout 1000 ms
+    _upsert_start(state, 1, 0)
+    _upsert_start(state, 2, 1)
+    _end(state, 2, 2)
+    state.apply(c.ReleaseExpired(1000))  # writer 1's ranges are released: its write is void
+    with pytest.raises(MooncakedError) as info:
+        _end(state, 1, 1001)
+    assert info.value.code == ErrorCode.INVALID_WRITE
+    assert not state.preempted
+    state.check_invariants()
+
+
+def test_a_preempted_upsert_of_a_removed_key_fails():
+    state = new_master().state
+    _upsert_start(state, 1, 0)
+    _upsert_start(state, 2, 1)
+    _end(state, 2, 2)
+    state.apply(c.Remove(KEY, 3))
+    with pytest.raises(MooncakedError) as info:
+        _end(state, 1, 4)
+    assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+    assert state.readable(KEY) is None
+    state.check_invariants()
+
+
+def test_a_preempted_upsert_revoked_by_its_writer_is_forgotten():
+    state = new_master().state
+    _upsert_start(state, 1, 0)
+    _upsert_start(state, 2, 1)
+    state.apply(c.PutRevoke(KEY, 1))
+    assert not state.preempted
+    with pytest.raises(MooncakedError):
+        _end(state, 1, 2)
+    state.check_invariants()
+
+
+def test_a_put_preempted_by_an_upsert_still_fails():
+    """Write-once puts are not replayed: a put whose key an upsert took over stored nothing."""
+    state = new_master().state
+    state.apply(c.PutStart(KEY, 100, 1, (), None, False, False, 1, 0, 1))
+    _upsert_start(state, 2, 1)
+    _end(state, 2, 2)
+    with pytest.raises(MooncakedError) as info:
+        _end(state, 1, 3)
+    assert info.value.code == ErrorCode.INVALID_WRITE
+    state.check_invariants()
+
+
+def test_concurrent_upserts_in_any_order_all_succeed_and_the_last_end_is_read():
+    rng = random.Random(5)
+    for _ in range(200):
+        master = new_master()
+        state = master.state
+        writers = list(range(1, rng.randint(2, 6)))
+        now = 0
+        for writer in writers:
+            now += rng.randint(0, 3)
+            master.put_start(KEY, 10 * writer, ReplicateConfig(), True, writer, now)
+        order = writers[:]
+        rng.shuffle(order)
+        for writer in order:
+            now += rng.randint(0, 3)
+            master.put_end(KEY, writer, now)
+            state.check_invariants()
+        # Earlier writers that end before the last one take effect in turn; those that end
+        # after it were superseded by it: the last to start is what stays.
+        assert state.readable(KEY).size_bytes == 10 * writers[-1], (writers, order)
+        master.tick(now + 10 ** 6)
+        state.check_invariants()
+        [replica] = state.readable(KEY).replicas
+        segment = state.segments[replica.segment_id]
+        assert state.used_bytes() == segment.allocator.allocation_size(replica.handle)
+        assert state.deferred_bytes == 0 and not state.preempted
+
+
+def test_preempted_upserts_survive_a_snapshot():
+    state = new_master().state
+    _upsert_start(state, 1, 0)
+    _upsert_start(state, 2, 1)
+    _upsert_start(state, 3, 2)
+    _end(state, 3, 3)
+    follower = new_master().state
+    follower.restore(state.snapshot())
+    assert follower.digest() == state.digest()
+    for s in (state, follower):
+        _end(s, 1, 4)
+        s.apply(c.PutRevoke(KEY, 2))
+    assert follower.digest() == state.digest()
+
+
+# -- moves (cluster drain): conditional on the version copied --------------------------------
+
+MOVE = (c.RESERVED_NAMESPACE, "ns#move/9")
+
+
+def _readable_then_copy(state, size=100):
+    state.apply(c.PutStart(KEY, size, 1, ("seg0",), None, False, True, 1, 0, 1))
+    state.apply(c.PutEnd(KEY, 1, 1, 1))
+    version = state.readable(KEY)
+    [copy] = state.apply(c.PutStart(MOVE, size, 1, ("seg1",), None, False, False, 9, 2, 1,
+                                    "ns"))
+    return version, copy
+
+
+def _move(state, version, now=5):
+    return state.apply(c.MoveCommit(MOVE, KEY, 9, version.writer_id, version.started_ms, now,
+                                    now + 100))
+
+
+def test_a_move_of_the_current_version_gives_it_the_new_ranges():
+    state = new_master().state
+    version, copy = _readable_then_copy(state)
+    _upsert_start(state, 2, 3)  # a write in progress is left alone
+    assert _move(state, version) is True
+    moved = state.readable(KEY)
+    assert [(r.segment_id, r.offset) for r in moved.replicas] == [(copy.segment_id, copy.offset)]
+    assert (moved.writer_id, moved.started_ms) == (version.writer_id, version.started_ms)
+    assert MOVE not in state.objects and state.objects[KEY].pending.writer_id == 2
+    assert state.deferred_bytes > 0  # the old range waits for its read leases
+    state.check_invariants()
+
+
+@pytest.mark.parametrize("change", ["upsert", "remove", "remove_then_put"])
+def test_a_move_of_a_version_replaced_meanwhile_changes_nothing_but_the_copy(change):
+    state = new_master().state
+    version, _ = _readable_then_copy(state)
+    if change == "upsert":
+        _upsert_start(state, 2, 3, size=100)
+        _end(state, 2, 4)
+    else:
+        state.apply(c.Remove(KEY, 3))
+        if change == "remove_then_put":
+            state.apply(c.PutStart(KEY, 100, 1, (), None, False, False, 1, 3, 1))
+            state.apply(c.PutEnd(KEY, 1, 3, 3))
+    before = state.readable(KEY)
+    assert _move(state, version) is False
+    assert state.readable(KEY) is before  # the concurrent write stands
+    assert MOVE not in state.objects and MOVE not in state.pending_order
+    state.check_invariants()
+
+
+def test_move_commit_codec_round_trip():
+    command = c.MoveCommit(MOVE, KEY, 9, 1, 1, 5, 105)
+    assert codec.decode(codec.encode(command)) == command
+    with pytest.raises(ValueError):
+        codec.encode(c.MoveCommit(MOVE, KEY, "9", 1, 1, 5, 105))
+
+
+def test_a_preempted_upsert_never_replaces_a_later_started_one():
+    state = new_master().state
+    for writer in (1, 2, 3):
+        _upsert_start(state, writer, writer, size=100 * writer)
+    _end(state, 2, 4)  # preempted by 3, which is still writing: 2 takes effect
+    assert state.readable(KEY).size_bytes == 200
+    _end(state, 1, 5)  # started before 2, which has completed: superseded
+    assert state.readable(KEY).size_bytes == 200
+    state.apply(c.PutRevoke(KEY, 3))
+    assert state.readable(KEY).size_bytes == 200  # the last to start of those that succeeded
+    state.check_invariants()

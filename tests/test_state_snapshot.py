@@ -423,8 +423,12 @@ def next_command(rng: random.Random, state: StateMachine, now: int):
                           rng.choice([None, 0, 50, 5000]), rng.random() < 0.2,
                           rng.random() < 0.3, rng.randint(1, 3), now, rng.getrandbits(32))
     if roll < 0.70:
-        key, writer = rng.choice(pending) if pending and rng.random() < 0.9 else (
-            rng.choice(KEYS), rng.randint(1, 3))
+        preempted = [(k, w) for k, records in state.preempted.items() for w in records]
+        if preempted and rng.random() < 0.3:
+            key, writer = rng.choice(preempted)
+        else:
+            key, writer = rng.choice(pending) if pending and rng.random() < 0.9 else (
+                rng.choice(KEYS), rng.randint(1, 3))
         return c.PutEnd(key, writer, now, now + rng.randint(0, 600))
     if roll < 0.75:
         key, writer = rng.choice(pending) if pending and rng.random() < 0.8 else (
@@ -432,8 +436,26 @@ def next_command(rng: random.Random, state: StateMachine, now: int):
         return c.PutRevoke(key, writer)
     if roll < 0.84:
         return c.Remove(rng.choice(existing), now + rng.randint(0, 600))
-    if roll < 0.90:
+    if roll < 0.88:
         return c.Evict(tuple(rng.sample(existing, min(len(existing), rng.randint(0, 2)))))
+    if roll < 0.90:  # a copy of a readable version, for a move
+        sizes = [e.complete.size_bytes for k, e in state.objects.items()
+                 if k[0] == "ns" and e.complete] or [rng.randint(1, 9000)]
+        return c.PutStart((c.RESERVED_NAMESPACE, f"ns#move/{rng.randint(1, 3)}"),
+                          rng.choice(sizes), 1, (), None, False, False, rng.randint(1, 3),
+                          now, rng.getrandbits(32), "ns")
+    if roll < 0.97:
+        moves = [(k, e.pending) for k, e in state.objects.items()
+                 if k[0] == c.RESERVED_NAMESPACE and e.pending]
+        readable = [(k, e.complete) for k, e in state.objects.items()
+                    if k[0] == "ns" and e.complete]
+        if moves and readable:
+            reserved, copy = rng.choice(moves)
+            key, version = rng.choice([r for r in readable
+                                       if r[1].size_bytes == copy.size_bytes] or readable)
+            started = version.started_ms if rng.random() < 0.8 else version.started_ms + 1
+            return c.MoveCommit(reserved, key, copy.writer_id, version.writer_id, started,
+                                now, now + rng.randint(0, 600))
     return c.ReleaseExpired(now)
 
 
@@ -501,8 +523,8 @@ def test_repeated_snapshots_and_successes_are_exercised():
     """The generator really produces successes of every kind, and snapshots chain."""
     leader, follower = new_state(), new_state()
     kinds = set()
-    most_objects = most_deferred = most_pending = 0
-    for i, command in enumerate(commands_for(77, 400)):
+    most_objects = most_deferred = most_pending = most_preempted = 0
+    for i, command in enumerate(commands_for(62, 400)):
         result = apply(leader, command)
         if result[0] == "ok":
             kinds.add(type(command).__name__)
@@ -514,9 +536,12 @@ def test_repeated_snapshots_and_successes_are_exercised():
         else:
             assert apply(follower, command) == result
         assert follower.digest() == leader.digest()
+        most_preempted = max(most_preempted, len(leader.preempted))
     assert kinds >= {"MountSegment", "NodeUp", "PutStart", "PutEnd", "PutRevoke", "Remove",
-                     "Evict", "ReleaseExpired", "NodeDown", "UnmountSegment"}, kinds
+                     "Evict", "ReleaseExpired", "NodeDown", "UnmountSegment",
+                     "MoveCommit"}, kinds
     assert most_objects >= 6 and most_deferred >= 2 and most_pending >= 3  # not trivial states
+    assert most_preempted >= 1
 
 
 def test_restore_keeps_the_instances_config():
@@ -559,7 +584,7 @@ def _garbage_snapshots(good: bytes):
     def set_field(name, value):
         return mutated(lambda t: t.__setitem__(name, value))
 
-    yield set_field("format", 3)
+    yield set_field("format", 4)
     yield set_field("format", True)
     yield mutated(lambda t: t.pop("nodes"))
     yield mutated(lambda t: t.__setitem__("extra", 1))
@@ -596,14 +621,20 @@ def _garbage_snapshots(good: bytes):
         t["deferred"][0][0] = t["deferred"][-1][0] + 1
     yield mutated(break_heap)
     yield mutated(lambda t: t["deferred"][0].__setitem__(1, t["deferred_seq"] + 1))
+    yield set_field("preempted", [[1, 2, 3]])
+    yield mutated(lambda t: t["preempted"][0].__setitem__(7, t["deferred_seq"] + 1))
+    yield mutated(lambda t: t["preempted"].append(t["preempted"][0]))
+    yield mutated(lambda t: t["objects"][0].__setitem__(8, 1))
+    yield mutated(lambda t: t.pop("preempted"))
 
 
 def test_restore_rejects_garbage_and_changes_nothing():
     leader = new_state()
-    commands = commands_for(14, 200)  # a seed whose state has every table non-empty
+    commands = commands_for(2, 200)  # a seed whose state has every table non-empty
     for command in commands:
         apply(leader, command)
     assert leader.objects and leader._deferred and leader.pending_order and leader.nodes
+    assert leader.preempted
     good = leader.snapshot()
     follower = new_state()
     for command in commands[:120]:

@@ -157,6 +157,24 @@ class ReplicatedMaster(Master):
             self.access.pop(key, None)
         return removed
 
+    async def move_start_async(self, key: c.ObjectKey, size_bytes: int,
+                               segments: tuple[str, ...], writer_id: int) -> tuple:
+        """Reserve one range for a copy of `key`'s value, in its namespace's pool, preferring
+        `segments`; returns (the reservation's key, its replicas). No eviction makes room."""
+        reserved_key = (c.RESERVED_NAMESPACE, f"{key[0]}#move/{writer_id}")
+        command = c.PutStart(reserved_key, size_bytes, 1, segments, None, False, False,
+                             writer_id, self.now_ms(), self._rng.getrandbits(32), key[0])
+        return reserved_key, await self._propose(command)
+
+    async def move_commit_async(self, reserved_key: c.ObjectKey, key: c.ObjectKey,
+                                writer_id: int, version: Version) -> bool:
+        """Make the copy `key`'s replicas if its readable version is still `version`
+        (c.MoveCommit); False when the key was written or removed since."""
+        now = self.now_ms()
+        return await self._propose(
+            c.MoveCommit(reserved_key, key, writer_id, version.writer_id, version.started_ms,
+                         now, max(now, self.lease_end_ms(key))), ending=key)
+
     # -- eviction and expiry ------------------------------------------------------------------
 
     async def sweep(self) -> None:

@@ -666,24 +666,30 @@ class ClusterService:
         return await self._drain(node_id)
 
     async def _drain(self, node_id: int) -> dict:
-        """Copy objects whose only replicas are on the node elsewhere, then remove the node."""
+        """Copy objects whose only replicas are on the node elsewhere, then remove the node.
+
+        A move is conditional on the version it copied (c.MoveCommit): a key upserted or
+        removed while its bytes were being copied keeps that write, and is not counted.
+        """
         state = self.daemon.master.state
         moved = dropped = 0
         for key, entry in list(state.objects.items()):
             version = entry.complete
-            if version is None:
+            if version is None or key[0] == c.RESERVED_NAMESPACE:
                 continue
             if all(c.node_of_segment(r.segment_id) == node_id for r in version.replicas):
                 try:
-                    await self._move_object(key, version, node_id)
-                    moved += 1
+                    if await self._move_object(key, version, node_id):
+                        moved += 1
                 except MooncakedError as exc:
                     log.warning("drain: could not move %r: %s", key, exc.message)
                     dropped += 1
         await self._leader_meta("remove_member", [node_id])
         return {"moved": moved, "dropped": dropped}
 
-    async def _move_object(self, key, version: Version, away_from: int) -> None:
+    async def _move_object(self, key, version: Version, away_from: int) -> bool:
+        """Copy a version's bytes off a node; False if the key changed meanwhile (the copy
+        is dropped, the newer write stands)."""
         payload = await self.read_replica_bytes(version.replicas, version.size_bytes)
         state = self.daemon.master.state
         others = tuple(s.name for s in state.segment_list
@@ -692,16 +698,18 @@ class ClusterService:
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE, "no other node has segments")
         self.put_attempts += 1
         writer_id = (self.node_id << 40) | (self.put_attempts & ((1 << 40) - 1))
-        replicas = await self.master.put_start_async(
-            key, version.size_bytes, ReplicateConfig(1, others), True, writer_id)
-        replicas = [r for r in replicas if c.node_of_segment(r.segment_id) != away_from]
+        reserved_key, replicas = await self.master.move_start_async(
+            key, version.size_bytes, others, writer_id)
         try:
+            if any(c.node_of_segment(r.segment_id) == away_from for r in replicas):
+                raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
+                                     "no other node has room for the value")
             await self.write_replicas(replicas, payload)
         except MooncakedError:
-            await self.master.put_revoke_async(key, writer_id,
+            await self.master.put_revoke_async(reserved_key, writer_id,
                                                2 * self.cluster_config.rpc_timeout_ms)
             raise
-        await self.master.put_end_async(key, writer_id)
+        return await self.master.move_commit_async(reserved_key, key, writer_id, version)
 
     # -- peer requests ------------------------------------------------------------------------
 

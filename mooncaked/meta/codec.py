@@ -31,6 +31,7 @@ TAGS: dict[type, int] = {
     c.PutCommit: 11,
     c.SetQuota: 12,
     c.AddReplicas: 13,
+    c.MoveCommit: 14,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}

@@ -203,3 +203,22 @@ class SetQuota:
     namespace: str
     max_bytes: int
     max_objects: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoveCommit:
+    """Give `object_key`'s readable version the writer's reserved ranges (a copy of its bytes),
+    only if that version is still the one copied: the same writer, start time and size.
+
+    Result True: moved, the old ranges are reused only after `replaced_release_at_ms` (their
+    read leases). False: the key was written, removed or lost since the copy; the reservation
+    is dropped and its ranges are free at once (the mover commits after its writes finished).
+    A write in progress of the key is left alone either way.
+    """
+    reserved_key: ObjectKey
+    object_key: ObjectKey
+    writer_id: int  # the reservation's
+    version_writer_id: int  # the copied version's
+    version_started_ms: int
+    now_ms: int
+    replaced_release_at_ms: int

@@ -9,6 +9,8 @@ Invariants it keeps (checked by `check_invariants`, used by the tests):
 - a pending (being written) version is never what readers see;
 - every range is owned by exactly one of: a complete version, a pending version, the deferred
   release list; freeing happens only through `_release`;
+- a preempted upsert (`PreemptedWrite`) owns nothing: its ranges wait in the deferred list,
+  and its record lives exactly as long as they may (until their release deadline);
 - `usage` is, per namespace, the sum over its objects' complete and pending versions of size x
   replicas (reservations count against the namespace of the connection holding them) and the
   number of its objects; quotas (`SetQuota`) bound what a put may add to it.
@@ -83,12 +85,13 @@ class Version:
 
 
 class ObjectEntry:
-    __slots__ = ("complete", "pending", "hard_pin", "soft_pin_ttl_ms", "soft_pin_deadline_ms",
-                 "created_ms")
+    __slots__ = ("complete", "pending", "pending_upsert", "hard_pin", "soft_pin_ttl_ms",
+                 "soft_pin_deadline_ms", "created_ms")
 
     def __init__(self, hard_pin: bool, created_ms: int) -> None:
         self.complete: Version | None = None  # what readers see
         self.pending: Version | None = None  # a put or upsert being written
+        self.pending_upsert = False  # whether `pending` is an upsert's
         self.hard_pin = hard_pin
         self.soft_pin_ttl_ms: int | None = None  # asked by the pending write
         self.soft_pin_deadline_ms: int | None = None
@@ -96,6 +99,31 @@ class ObjectEntry:
 
     def soft_pinned(self, now_ms: int) -> bool:
         return self.soft_pin_deadline_ms is not None and now_ms < self.soft_pin_deadline_ms
+
+
+class PreemptedWrite:
+    """An unfinished upsert that a later upsert of its key preempted (`_put_start`).
+
+    Last writer wins and both upserts succeed: when its writer ends it, it takes effect then
+    (its ranges are taken back from the deferred list), unless a later-started upsert of the
+    key has completed meanwhile (`superseded`): then it succeeds without change, as if done
+    just before that one. Records of a key are kept in start order. Kept until its ranges' release deadline; forgotten earlier when the key
+    is removed or its writer revokes it or starts again.
+    """
+    __slots__ = ("size_bytes", "started_ms", "soft_pin_ttl_ms", "hard_pin", "deferred_seq",
+                 "release_at_ms", "replica_num", "superseded")
+
+    def __init__(self, size_bytes: int, started_ms: int, soft_pin_ttl_ms: int | None,
+                 hard_pin: bool, deferred_seq: int, release_at_ms: int, replica_num: int,
+                 superseded: bool = False) -> None:
+        self.replica_num = replica_num  # what its put asked for (repair restores it)
+        self.size_bytes = size_bytes
+        self.started_ms = started_ms
+        self.soft_pin_ttl_ms = soft_pin_ttl_ms
+        self.hard_pin = hard_pin
+        self.deferred_seq = deferred_seq  # its ranges' entry in the deferred list
+        self.release_at_ms = release_at_ms
+        self.superseded = superseded
 
 
 class NamespaceUsage:
@@ -143,6 +171,8 @@ class StateMachine:
         self._deferred: list[tuple[int, int, list[Replica]]] = []
         self._deferred_seq = 0
         self.deferred_bytes = 0
+        # Preempted upserts by key and writer id, in the order they were preempted.
+        self.preempted: dict[c.ObjectKey, dict[int, PreemptedWrite]] = {}
         # Replicated limits by namespace (c.QUOTA_DEFAULT: everyone else's), as
         # (max_bytes, max_objects), 0 = unlimited; and what each namespace holds (derived from
         # the objects, kept up to date on every path that adds or drops a version or a key).
@@ -162,6 +192,7 @@ class StateMachine:
             c.NodeDown: self._node_down,
             c.SetQuota: self._set_quota,
             c.AddReplicas: self._add_replicas,
+            c.MoveCommit: self._move_commit,
         }
 
     def apply(self, command):
@@ -234,6 +265,7 @@ class StateMachine:
                 entry.complete = None
             if entry.pending is not None and not entry.pending.replicas:
                 entry.pending = None
+                entry.pending_upsert = False
                 self.pending_order.pop(key, None)
             if entry.complete is None and entry.pending is None:
                 self._drop_object(key)
@@ -280,11 +312,18 @@ class StateMachine:
         if entry is not None and entry.pending is not None:
             # Preempt the unfinished write: its writer may still be copying into its ranges, so
             # they are reused only after the release timeout, as in Mooncake Store.
-            self._defer(entry.pending.replicas,
-                        entry.pending.started_ms + self.release_timeout_ms)
+            pending = entry.pending
+            release_at = pending.started_ms + self.release_timeout_ms
+            seq = self._defer(pending.replicas, release_at)
+            if cmd.upsert and entry.pending_upsert and pending.writer_id != cmd.writer_id:
+                # Upsert over upsert: the earlier one may still end (PreemptedWrite).
+                self.preempted.setdefault(key, {})[pending.writer_id] = PreemptedWrite(
+                    pending.size_bytes, pending.started_ms, entry.soft_pin_ttl_ms,
+                    entry.hard_pin, seq, release_at, pending.replica_num)
             self._charge(key, -preempted)
             entry.pending = None
             del self.pending_order[key]
+        self._forget_preempted(key, cmd.writer_id)  # its writer starts anew
         if entry is None:
             entry = ObjectEntry(cmd.hard_pin, cmd.now_ms)
             self._add_object(key, entry)
@@ -292,6 +331,7 @@ class StateMachine:
                     for segment, offset, handle in placed]
         entry.pending = Version(cmd.size_bytes, replicas, cmd.writer_id, cmd.now_ms,
                                 cmd.replica_num)
+        entry.pending_upsert = cmd.upsert
         self._charge(key, _version_bytes(entry.pending))
         entry.soft_pin_ttl_ms = cmd.soft_pin_ttl_ms
         self.pending_order[key] = cmd.now_ms
@@ -309,18 +349,81 @@ class StateMachine:
 
     def _put_end(self, cmd: c.PutEnd) -> Version | None:
         """Make the pending version readable; returns the version it replaced (upsert)."""
-        entry = self._owned_pending(cmd.object_key, cmd.writer_id)
+        key = cmd.object_key
+        entry = self.objects.get(key)
+        if entry is None or entry.pending is None or entry.pending.writer_id != cmd.writer_id:
+            record = self.preempted.get(key, {}).get(cmd.writer_id)
+            if record is not None:
+                return self._end_preempted(cmd, entry, record)
+        entry = self._owned_pending(key, cmd.writer_id)
         replaced = entry.complete
         if replaced is not None:
             # The old bytes may be under a read lease; the master says until when.
             self._defer(replaced.replicas, cmd.replaced_release_at_ms)
-            self._charge(cmd.object_key, -_version_bytes(replaced))
+            self._charge(key, -_version_bytes(replaced))
+        if entry.pending_upsert:
+            # Every preempted upsert of the key started before this one: superseded.
+            for record in self.preempted.get(key, {}).values():
+                record.superseded = True
         entry.complete, entry.pending = entry.pending, None
-        del self.pending_order[cmd.object_key]
+        entry.pending_upsert = False
+        del self.pending_order[key]
         if entry.soft_pin_ttl_ms is not None:
             entry.soft_pin_deadline_ms = cmd.now_ms + entry.soft_pin_ttl_ms
             entry.soft_pin_ttl_ms = None
         return replaced
+
+    def _end_preempted(self, cmd: c.PutEnd, entry: ObjectEntry | None,
+                       record: PreemptedWrite) -> Version | None:
+        """The end of a preempted upsert: a no-op success if a later upsert of the key has
+        completed since (superseded); else its value becomes readable now, over whatever is."""
+        key = cmd.object_key
+        if record.superseded:
+            self._forget_preempted(key, cmd.writer_id)
+            return None
+        index = next((i for i, item in enumerate(self._deferred)
+                      if item[1] == record.deferred_seq), None)
+        if index is None:  # every replica's segment was unmounted meanwhile
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "the ranges of this write were lost with their segments")
+        replicas = self._deferred[index][2]
+        if entry is None and len(self.objects) >= self.max_objects:
+            raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
+                                 f"the object table is full ({self.max_objects} objects)")
+        size = record.size_bytes * len(replicas)
+        replaced = entry.complete if entry is not None else None
+        self._check_quota(key, size - _version_bytes(replaced), 1 if entry is None else 0)
+        # Checked: take the ranges back from the deferred list (the heap is rebuilt the same
+        # way on every node).
+        last = self._deferred.pop()
+        if index < len(self._deferred):
+            self._deferred[index] = last
+            heapq.heapify(self._deferred)
+        self.deferred_bytes -= self._size_of(replicas)
+        # Upserts preempted before this one started before it (records are kept in start
+        # order): a later upsert has now completed over them.
+        for writer_id, earlier in self.preempted[key].items():
+            if writer_id == cmd.writer_id:
+                break
+            earlier.superseded = True
+        self._forget_preempted(key, cmd.writer_id)
+        if entry is None:
+            entry = ObjectEntry(record.hard_pin, cmd.now_ms)
+            self._add_object(key, entry)
+        if replaced is not None:
+            self._defer(replaced.replicas, cmd.replaced_release_at_ms)
+            self._charge(key, -_version_bytes(replaced))
+        entry.complete = Version(record.size_bytes, replicas, cmd.writer_id, record.started_ms,
+                                 record.replica_num)
+        self._charge(key, size)
+        if record.soft_pin_ttl_ms is not None:
+            entry.soft_pin_deadline_ms = cmd.now_ms + record.soft_pin_ttl_ms
+        return replaced
+
+    def _forget_preempted(self, key: c.ObjectKey, writer_id: int) -> None:
+        records = self.preempted.get(key)
+        if records is not None and records.pop(writer_id, None) is not None and not records:
+            del self.preempted[key]
 
     def _put_commit(self, cmd: c.PutCommit) -> None:
         """Move a pending reservation to `object_key` and make it readable (put then end)."""
@@ -408,12 +511,47 @@ class StateMachine:
         self._charge(key, _version_bytes(copies))
         return len(copies.replicas)
 
+    def _move_commit(self, cmd: c.MoveCommit) -> bool:
+        """A conditional replacement of a version's replicas (c.MoveCommit)."""
+        reserved = self._owned_pending(cmd.reserved_key, cmd.writer_id)
+        copy = reserved.pending
+        if reserved.complete is not None or cmd.reserved_key[0] != c.RESERVED_NAMESPACE:
+            raise MooncakedError(ErrorCode.INVALID_WRITE, "not a reservation")
+        key = cmd.object_key
+        pool = self.pool_of(key[0])
+        if any(self.segments[r.segment_id].pool_namespace != pool for r in copy.replicas):
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 "the reserved range is not in the pool of the key's namespace")
+        entry = self.objects.get(key)
+        current = entry.complete if entry is not None else None
+        if current is None or current.writer_id != cmd.version_writer_id \
+                or current.started_ms != cmd.version_started_ms \
+                or current.size_bytes != copy.size_bytes:
+            self._drop_pending(cmd.reserved_key, reserved)  # not the version copied
+            return False
+        self._defer(current.replicas, cmd.replaced_release_at_ms)
+        self._charge(key, -_version_bytes(current))
+        del self.pending_order[cmd.reserved_key]
+        self._charge(cmd.reserved_key, -_version_bytes(copy))
+        self._drop_object(cmd.reserved_key)
+        entry.complete = Version(current.size_bytes, copy.replicas, current.writer_id,
+                                 current.started_ms, current.replica_num)
+        self._charge(key, _version_bytes(entry.complete))
+        return True
+
     def _put_revoke(self, cmd: c.PutRevoke) -> None:
+        entry = self.objects.get(cmd.object_key)
+        if (entry is None or entry.pending is None or entry.pending.writer_id != cmd.writer_id) \
+                and cmd.writer_id in self.preempted.get(cmd.object_key, {}):
+            # Preempted: its ranges already wait for their release deadline.
+            self._forget_preempted(cmd.object_key, cmd.writer_id)
+            return
         entry = self._owned_pending(cmd.object_key, cmd.writer_id)
         if cmd.release_at_ms:
             self._defer(entry.pending.replicas, cmd.release_at_ms)
             self._charge(cmd.object_key, -_version_bytes(entry.pending))
             entry.pending = None
+            entry.pending_upsert = False
             del self.pending_order[cmd.object_key]
             if entry.complete is None:
                 self._drop_object(cmd.object_key)
@@ -424,6 +562,7 @@ class StateMachine:
         self._release(entry.pending.replicas)
         self._charge(key, -_version_bytes(entry.pending))
         entry.pending = None
+        entry.pending_upsert = False
         del self.pending_order[key]
         if entry.complete is None:
             self._drop_object(key)
@@ -446,6 +585,8 @@ class StateMachine:
                         entry.pending.started_ms + self.release_timeout_ms)
             self._charge(cmd.object_key, -_version_bytes(entry.pending))
             del self.pending_order[cmd.object_key]
+        # Upserts preempted before the removal fail when they end (their value never was).
+        self.preempted.pop(cmd.object_key, None)
         self._drop_object(cmd.object_key)
         return removed
 
@@ -478,6 +619,14 @@ class StateMachine:
             _, _, replicas = heapq.heappop(self._deferred)
             self.deferred_bytes -= self._release(replicas)
             released += 1
+        # Preempted upserts whose ranges' deadline passed: their write is void.
+        for key in [k for k, records in self.preempted.items()
+                    if any(r.release_at_ms <= cmd.now_ms for r in records.values())]:
+            records = self.preempted[key]
+            for writer_id in [w for w, r in records.items() if r.release_at_ms <= cmd.now_ms]:
+                del records[writer_id]
+            if not records:
+                del self.preempted[key]
         return released
 
     # -- quotas -------------------------------------------------------------------------------
@@ -571,10 +720,12 @@ class StateMachine:
 
     # -- ranges -----------------------------------------------------------------------------
 
-    def _defer(self, replicas: list[Replica], release_at_ms: int) -> None:
+    def _defer(self, replicas: list[Replica], release_at_ms: int) -> int:
+        """Hold ranges until a deadline; returns the entry's sequence number."""
         self._deferred_seq += 1
         heapq.heappush(self._deferred, (release_at_ms, self._deferred_seq, replicas))
         self.deferred_bytes += self._size_of(replicas)
+        return self._deferred_seq
 
     def _size_of(self, replicas: list[Replica]) -> int:
         return sum(self.segments[r.segment_id].allocator.allocation_size(r.handle)
@@ -597,6 +748,9 @@ class StateMachine:
             oldest = next(iter(self.pending_order.values()))
             if oldest <= now_ms - self.release_timeout_ms:
                 return True
+        if any(r.release_at_ms <= now_ms
+               for records in self.preempted.values() for r in records.values()):
+            return True
         return bool(self._deferred) and self._deferred[0][0] <= now_ms
 
     def readable(self, key: c.ObjectKey) -> Version | None:
@@ -635,6 +789,7 @@ class StateMachine:
         for key, entry in self.objects.items():
             assert entry.complete is not None or entry.pending is not None, key
             assert (entry.pending is not None) == (key in self.pending_order), key
+            assert entry.pending is not None or not entry.pending_upsert, key
             for version in (entry.complete, entry.pending):
                 if version is not None:
                     segment_ids = [r.segment_id for r in version.replicas]
@@ -659,6 +814,13 @@ class StateMachine:
             assert allocator.used_bytes == sum(e - s for s, e in spans)
         usage = {ns: (u.bytes, u.objects) for ns, u in self.usage.items()}
         assert usage == self.count_usage(), (usage, self.count_usage())
+        for key, records in self.preempted.items():
+            assert records, key
+            entry = self.objects.get(key)
+            for writer_id, record in records.items():
+                assert 0 < record.deferred_seq <= self._deferred_seq, (key, writer_id)
+                assert entry is None or entry.pending is None \
+                    or entry.pending.writer_id != writer_id, (key, writer_id)
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -669,9 +831,9 @@ class StateMachine:
         segments with their allocators' exact internal state (OffsetAllocator.dump), nodes,
         objects with both versions (each with the replica_num it was put with) and pins, the
         pending order, the deferred heap as laid out, its sequence counter and byte count, the
-        clock, and the namespace quotas (usage is derived from the objects, and recounted by
-        `restore`). The config values are recorded too (restore keeps the instance's own). The
-        same state always gives the same bytes.
+        clock, the namespace quotas (usage is derived from the objects, and recounted by
+        `restore`) and the preempted upserts. The config values are recorded too (restore keeps
+        the instance's own). The same state always gives the same bytes.
         """
         def replicas(rs):
             return [[r.segment_id, r.offset, r.handle] for r in rs]
@@ -683,7 +845,7 @@ class StateMachine:
                     v.replica_num]
 
         state = {
-            "format": 2,
+            "format": 3,
             "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
                        self.allocation_strategy],
             "clock_ms": self.clock_ms,
@@ -694,7 +856,8 @@ class StateMachine:
             "nodes": [[n.node_id, n.name, n.client_address, n.peer_address, bool(n.up)]
                       for n in self.nodes.values()],
             "objects": [[ns, name, bool(e.hard_pin), e.soft_pin_ttl_ms, e.soft_pin_deadline_ms,
-                         e.created_ms, version(e.complete), version(e.pending)]
+                         e.created_ms, version(e.complete), version(e.pending),
+                         bool(e.pending_upsert)]
                         for (ns, name), e in self.objects.items()],
             "pending_order": [[ns, name, started] for (ns, name), started
                               in self.pending_order.items()],
@@ -703,6 +866,11 @@ class StateMachine:
             "deferred_bytes": self.deferred_bytes,
             "quotas": [[ns, max_bytes, max_objects]
                        for ns, (max_bytes, max_objects) in self.quotas.items()],
+            "preempted": [[ns, name, writer_id, r.size_bytes, r.started_ms, r.soft_pin_ttl_ms,
+                           bool(r.hard_pin), r.deferred_seq, r.release_at_ms, r.replica_num,
+                           bool(r.superseded)]
+                          for (ns, name), records in self.preempted.items()
+                          for writer_id, r in records.items()],
         }
         return msgpack.packb(state, use_bin_type=True)
 
@@ -757,11 +925,14 @@ class StateMachine:
         fields = ("format", "config", "clock_ms", "segments", "segment_list", "nodes", "objects",
                   "pending_order", "deferred", "deferred_seq", "deferred_bytes")
         need(type(top) is dict, "not a map")
-        # Format 1 is format 2 without quotas (snapshots taken before quotas existed).
-        need(top.get("format") in (1, 2) and type(top.get("format")) is int,
+        # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 2
+        # is format 3 without preempted upserts (nor objects' pending_upsert flags).
+        need(top.get("format") in (1, 2, 3) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
-        if top["format"] == 2:
+        if top["format"] >= 2:
             fields += ("quotas",)
+        if top["format"] >= 3:
+            fields += ("preempted",)
         need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
         config = row(top["config"], 4, "config")
         need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
@@ -830,10 +1001,13 @@ class StateMachine:
 
         objects: dict[c.ObjectKey, ObjectEntry] = {}
         for item in seq_of(top["objects"], "objects"):
-            ns, name, hard_pin, ttl, deadline, created_ms, complete, pending = row(
-                item, 8, "object")
+            if top["format"] < 3 and type(item) is tuple and len(item) == 8:
+                item = item + (False,)
+            ns, name, hard_pin, ttl, deadline, created_ms, complete, pending, pending_upsert = \
+                row(item, 9, "object")
             need(is_str(ns) and is_str(name) and type(hard_pin) is bool and is_opt_int(ttl)
-                 and is_opt_int(deadline) and is_int(created_ms), f"bad object {name!r:.40}")
+                 and is_opt_int(deadline) and is_int(created_ms)
+                 and type(pending_upsert) is bool, f"bad object {name!r:.40}")
             key = (ns, name)
             need(key not in objects, f"object {key!r:.60} twice")
             entry = ObjectEntry(hard_pin, created_ms)
@@ -841,6 +1015,7 @@ class StateMachine:
             entry.soft_pin_deadline_ms = deadline
             entry.complete = parse_version(complete, f"object {key!r:.60}")
             entry.pending = parse_version(pending, f"object {key!r:.60}")
+            entry.pending_upsert = pending_upsert and entry.pending is not None
             need(entry.complete is not None or entry.pending is not None,
                  f"object {key!r:.60} has no version")
             objects[key] = entry
@@ -874,6 +1049,24 @@ class StateMachine:
             need(ns not in quotas, f"quota of {ns!r:.60} twice")
             quotas[ns] = (max_bytes, max_objects)
 
+        preempted: dict[c.ObjectKey, dict[int, PreemptedWrite]] = {}
+        for item in seq_of(top.get("preempted", ()), "preempted"):
+            (ns, name, writer_id, size_bytes, started_ms, ttl, hard_pin, seq, release_at,
+             replica_num, superseded) = row(item, 11, "preempted upsert")
+            need(is_str(ns) and is_str(name) and is_int(writer_id) and is_int(size_bytes)
+                 and is_int(started_ms) and is_opt_int(ttl) and type(hard_pin) is bool
+                 and is_int(seq) and 0 < seq <= top["deferred_seq"] and is_int(release_at)
+                 and is_int(replica_num) and replica_num >= 1 and type(superseded) is bool,
+                 f"bad preempted upsert {item!r:.80}")
+            records = preempted.setdefault((ns, name), {})
+            need(writer_id not in records, "a preempted upsert twice")
+            pending = objects.get((ns, name))
+            need(pending is None or pending.pending is None
+                 or pending.pending.writer_id != writer_id,
+                 "a preempted upsert of the writer of the key's pending version")
+            records[writer_id] = PreemptedWrite(size_bytes, started_ms, ttl, hard_pin, seq,
+                                                release_at, replica_num, superseded)
+
         for sid, ranges in owned.items():
             allocator = segments[sid].allocator
             need(allocator.allocation_count == len(ranges),
@@ -903,6 +1096,8 @@ class StateMachine:
         self.clock_ms = top["clock_ms"]
         self.quotas.clear()
         self.quotas.update(quotas)
+        self.preempted.clear()
+        self.preempted.update(preempted)
         self.usage.clear()
         for ns, (used_bytes, used_objects) in self.count_usage().items():
             usage = self._usage_of(ns)

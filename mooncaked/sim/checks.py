@@ -214,6 +214,11 @@ class Checker:
         if kind is c.PutStart and not failed:
             tag = (command.writer_id, command.now_ms, command.size_bytes)
             self.put_starts[(command.object_key, tag)] = index
+        elif kind is c.PutEnd and not failed and before[0] == "superseded":
+            # A preempted upsert that a later one completed over: done just before that one
+            # (after its own start), never readable.
+            tag = before[1]
+            self.completed[(command.object_key, tag)] = self.put_starts[(command.object_key, tag)]
         elif kind is c.PutEnd and not failed:
             self.completed[(command.object_key, before)] = index
             self.key_events.setdefault(command.object_key, []).append(index)

@@ -431,10 +431,17 @@ class SimNode:
         if isinstance(command, c.PutStart):
             return self.state.readable(command.object_key) is not None
         if isinstance(command, c.PutEnd):
+            # The version the PutEnd completes: the writer's pending one, or its preempted
+            # upsert's (which may have been superseded by a later one: then it never shows).
+            record = self.state.preempted.get(command.object_key, {}).get(command.writer_id)
             entry = self.state.objects.get(command.object_key)
-            if entry is not None and entry.pending is not None:
+            if entry is not None and entry.pending is not None \
+                    and (record is None or entry.pending.writer_id == command.writer_id):
                 pending = entry.pending
                 return (pending.writer_id, pending.started_ms, pending.size_bytes)
+            if record is not None:
+                tag = (command.writer_id, record.started_ms, record.size_bytes)
+                return ("superseded", tag) if record.superseded else tag
         return None
 
     def _on_applied(self, command) -> None:
