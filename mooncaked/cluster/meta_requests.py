@@ -92,6 +92,12 @@ def _registration(value: Any) -> list:
         if type(command) not in REGISTER_COMMANDS:
             raise _Invalid(f"NodeUp or MountSegment commands, not {type(command).__name__}")
         registered.append(command)
+    # The leader mounts the segments under the generation the log gives the NodeUp.
+    if not registered or type(registered[0]) is not c.NodeUp \
+            or any(type(x) is not c.MountSegment
+                   or c.node_of_segment(x.segment_id) != registered[0].node_id
+                   for x in registered[1:]):
+        raise _Invalid("a NodeUp, then MountSegment commands of that node's segments")
     return registered
 
 

@@ -43,7 +43,7 @@ def _writer_id(conn) -> int:
 def _placement(conn, config: ReplicateConfig) -> ReplicateConfig:
     """local_first: this node's segments are preferred, after any the client named."""
     daemon = conn.daemon
-    if daemon.config.store.allocation_strategy != "local_first":
+    if daemon.master.state.allocation_strategy != "local_first":  # the cluster's, from the log
         return config
     own = tuple(f"{daemon.node_name}/{i}" for i in range(daemon.config.segments.count))
     return ReplicateConfig(config.replica_num, config.preferred_segments + own,
