@@ -8,7 +8,6 @@ node keeps deciding by its own config.
 
 from __future__ import annotations
 
-import os
 import time
 import tomllib
 

@@ -123,7 +123,6 @@ STRESS = dict(keys=2, clients=8, delay_mean_ms=25.0, segment_kib=16)  # more rac
 # regression test of the fixed logic (the test below then passes either way).
 DAEMON_BUG_SEEDS = [
     (6, {}, "replica_generation", "exact bytes"),
-    (24, {}, "reregister", "liveness"),
     (70, STRESS, "reregister", "liveness"),
     (25, STRESS, "lease_after_barrier", "exact bytes"),
 ]
