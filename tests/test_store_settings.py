@@ -8,6 +8,10 @@ node keeps deciding by its own config.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import tomllib
 
@@ -22,8 +26,15 @@ from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec
 from mooncaked.meta import commands as c
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = {"max_objects": 3, "put_start_discard_timeout_ms": 100,
          "put_start_release_timeout_ms": 200, "allocation_strategy": "free_ratio_first"}
+
+
+def ctl(node, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mooncaked.ctl", "-a", node.tcp_address,
+                           *args], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=REPO))
 
 
 def state_of_node(cluster: bool, **store):
@@ -146,5 +157,20 @@ def test_a_node_whose_config_differs_follows_the_clusters_settings():
         assert status["store_settings"]["from_log"] is True
         with open(node3.log_path, errors="replace") as f:
             assert "max_objects=3 (config: 1000)" in f.read()
+        # Changed through the log, from any node, for every node.
+        out = ctl(cluster.nodes[1], "-o", "json", "cluster", "settings", "--max-objects", "5")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["max_objects"] == 5
+        deadline = time.monotonic() + 30
+        while cluster.status(3)["store_settings"]["max_objects"] != 5:
+            assert time.monotonic() < deadline, cluster.status(3)
+            time.sleep(0.1)
+        out = ctl(node3, "cluster", "settings", "--put-start-discard-timeout-ms", "9000000")
+        assert out.returncode != 0 and "put_start_discard_timeout_ms" in out.stderr, out
+        out = ctl(node3, "-o", "json", "cluster", "settings")
+        assert out.returncode == 0, out.stderr
+        shown = json.loads(out.stdout)
+        assert shown["max_objects"] == 5 and shown["from_log"] is True
+        assert shown["put_start_discard_timeout_ms"] == 2000  # the harness's, unchanged
     finally:
         cluster.close()

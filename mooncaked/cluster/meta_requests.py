@@ -115,6 +115,10 @@ def _node_id(value: Any) -> int:
     return _int(value, 1)
 
 
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
 _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "put_start": (("key", _key), ("size", lambda v: _int(v, 1)), ("config", _config),
                   ("upsert", _bool), ("writer_id", _int)),
@@ -131,6 +135,11 @@ _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "remove_member": (("node_id", _node_id),),
     "transfer_leader": (("node_id", _node_id),),
     "drain": (("node_id", _node_id),),
+    # Each None keeps the log's value; the leader checks the bounds of the result.
+    "set_store_settings": (("max_objects", _optional(lambda v: _int(v, 1))),
+                           ("put_start_discard_timeout_ms", _optional(lambda v: _int(v, 1))),
+                           ("put_start_release_timeout_ms", _optional(lambda v: _int(v, 1))),
+                           ("allocation_strategy", _optional(_str))),
 }
 
 METHODS = frozenset(_SHAPES)

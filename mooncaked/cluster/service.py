@@ -40,7 +40,7 @@ from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import ReplicateConfig
-from mooncaked.meta.state_machine import Replica, Version
+from mooncaked.meta.state_machine import Replica, Version, store_settings_problem
 from mooncaked.raft.log_store import LogStore
 from mooncaked.raft.types import ConfChange, ConfChangeKind, Role
 
@@ -518,6 +518,17 @@ class ClusterService:
             return 0
         if method == "register":
             return await self._register_node(params[0])
+        if method == "set_store_settings":
+            await self.raft.read_barrier()  # None keeps the value the log has now
+            state = self.daemon.master.state
+            current = dataclasses.astuple(state.store_settings())
+            wanted = c.SetStoreSettings(*(now if new is None else new
+                                          for now, new in zip(current, params)))
+            problem = store_settings_problem(wanted)
+            if problem is not None:
+                raise MooncakedError(ErrorCode.INVALID_PARAMS, f"store settings: {problem}")
+            await self.raft.propose(wanted)
+            return dataclasses.asdict(state.store_settings())
         if method == "join":
             node_id, address = params
             conf = self.raft.core.conf_state

@@ -323,6 +323,16 @@ def handle_quota_set(conn, params: list, payload_length: int):
     return run()
 
 
+def handle_cluster_settings_set(conn, params: list, payload_length: int):
+    """Change the cluster's [store] settings through the log; nil keeps one."""
+    single._arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
+                  "put_start_release_timeout_ms, allocation_strategy] (nil keeps a value)")
+
+    async def run() -> Reply:
+        return Reply(await conn.daemon.cluster.meta("set_store_settings", list(params)))
+    return run()
+
+
 handle_cluster_remove = _leader_call("remove_member")
 handle_cluster_transfer_leader = _leader_call("transfer_leader")
 handle_cluster_drain = _leader_call("drain")
