@@ -21,6 +21,9 @@ wire/PROTOCOL.md section 5.3.
     cluster remove ID            remove a node from the cluster
     cluster transfer-leader ID   hand leadership to another voter
     cluster drain ID             move objects held only by the node elsewhere, then remove it
+    cluster settings [--max-objects N] [--put-start-discard-timeout-ms N]
+        [--put-start-release-timeout-ms N] [--allocation-strategy S]
+                                 the cluster's [store] settings (from its log); options change
     auth add-principal NAME ...  write the credentials file (mooncaked/ctl_auth.py)
 
 Credentials (a daemon with `[auth] credentials_file`): `--principal NAME` and `--secret-file
@@ -56,7 +59,8 @@ units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema i
 - `cluster status`: the node's `cluster` map (PROTOCOL.md 5.4); `cluster members`: a list of
   `{node_id, name, role, up, client_address, peer_address, segments}`; `cluster add`, `remove`,
   `transfer-leader`: `{"node_id": ID, "done": true}`; `cluster drain`: `{"node_id": ID,
-  "moved": N, "dropped": N}`.
+  "moved": N, "dropped": N}`; `cluster settings`: `{max_objects, put_start_discard_timeout_ms,
+  put_start_release_timeout_ms, allocation_strategy}` in force (with `from_log` when shown).
 
 Sizes are integers (bytes) in JSON. `shm_mode` is an octal string (`"0o600"`) in both formats.
 
@@ -526,6 +530,29 @@ def cluster_transfer_leader(settings: Settings, node_id: int) -> None:
 def cluster_drain(settings: Settings, node_id: int) -> None:
     """Copy objects held only by NODE_ID to other nodes, then remove it."""
     _node_command(settings, "cluster_drain", [node_id], node_id)
+
+
+@cluster.command("settings")
+@click.option("--max-objects", type=click.IntRange(1), default=None)
+@click.option("--put-start-discard-timeout-ms", type=click.IntRange(1), default=None)
+@click.option("--put-start-release-timeout-ms", type=click.IntRange(1), default=None)
+@click.option("--allocation-strategy", default=None,
+              type=click.Choice(["random", "free_ratio_first", "local_first"]))
+@click.pass_obj
+def cluster_settings(settings: Settings, max_objects: int | None,
+                     put_start_discard_timeout_ms: int | None,
+                     put_start_release_timeout_ms: int | None,
+                     allocation_strategy: str | None) -> None:
+    """The cluster's [store] settings, from its log; with options, change them (every node
+    follows; a node's own [store] values for these keys do not apply in a cluster)."""
+    wanted = [max_objects, put_start_discard_timeout_ms, put_start_release_timeout_ms,
+              allocation_strategy]
+    with connected(settings) as client:
+        if all(value is None for value in wanted):
+            data = _cluster_status(client)["store_settings"]
+        else:
+            data = client.call("cluster_settings_set", *wanted)
+    emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(data)))
 
 
 def main(argv: list[str] | None = None) -> None:

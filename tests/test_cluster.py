@@ -17,6 +17,7 @@ import pytest
 from cluster_harness import Cluster
 from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.meta import commands as c
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,12 +77,13 @@ def test_replicas_land_on_distinct_nodes_and_a_get_survives_one_of_them(cluster)
         assert client.put("two", value_of(300_000, 7), ReplicateConfig(
             replica_num=2, preferred_segments=[f"node{a}/0", f"node{b}/0"])) is True
         stat = client.call("object_stat", "two")  # at the leader: applied before the ack
-    assert sorted(r["segment_id"] >> 16 for r in stat["replicas"]) == sorted([a, b])
+    assert sorted(c.node_of_segment(r["segment_id"]) for r in stat["replicas"]) == sorted([a, b])
     cluster.nodes[a].kill()  # abruptly: still mounted, its replica unreachable
     with cluster.client(leader) as client:
         assert client.get("two") == value_of(300_000, 7)  # read from b after a fails
         status = client.call("cluster_status")
-    assert status["replica_read_failovers"] >= 1 or stat["replicas"][0]["segment_id"] >> 16 == b
+    assert status["replica_read_failovers"] >= 1 \
+        or c.node_of_segment(stat["replicas"][0]["segment_id"]) == b
 
 
 def test_remove_and_upsert_are_seen_everywhere(cluster):
@@ -238,7 +240,7 @@ def test_local_first_places_the_replica_on_the_receiving_node():
                     # The leader has applied the put before it was acknowledged; another
                     # node's applied copy may lag a moment behind.
                     stat = at_leader.call("object_stat", key)
-                    assert [r["segment_id"] >> 16 for r in stat["replicas"]] == [node_id]
+                    assert [c.node_of_segment(r["segment_id"]) for r in stat["replicas"]] == [node_id]
     finally:
         cluster.close()
 

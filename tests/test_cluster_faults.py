@@ -31,6 +31,7 @@ from cluster_workload import (KINDS, LeaderMonitor, Prober, Recorder, Violation,
                               check_history, connect, logs_tail, read_all, stop_all)
 from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError, code_name
+from mooncaked.meta import commands as c
 
 NODES = (1, 2, 3)
 UNAVAILABILITY_BOUND_S = 2 * ELECTION_TIMEOUT_S + 1  # the longest a client may see no leader
@@ -569,7 +570,7 @@ def holders(cluster: Cluster, ask: int, key: str, timeout_s: float = 10.0) -> se
         try:
             if client is not None:
                 with client:
-                    return {r["segment_id"] >> 16 for r in
+                    return {c.node_of_segment(r["segment_id"]) for r in
                             client.call("object_stat", key)["replicas"]}
         except MooncakedError:
             if time.monotonic() > deadline:

@@ -34,6 +34,7 @@ GOOD = {
     "remove_member": [2],
     "transfer_leader": [2],
     "drain": [2],
+    "set_store_settings": [10, None, None, "random"],
 }
 
 BAD = [
@@ -66,6 +67,10 @@ BAD = [
     ("join", [2, 9]),
     ("leave", [True]),
     ("drain", []),
+    ("set_store_settings", [0, None, None, None]),
+    ("set_store_settings", [None, "5", None, None]),
+    ("set_store_settings", [None, None, None, 3]),
+    ("set_store_settings", [None, None, None]),
     ("put_start", "not a list"),
 ]
 

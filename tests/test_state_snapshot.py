@@ -395,10 +395,6 @@ KEYS = [("ns", f"k{i}") for i in range(12)] + [("other", "k0")]
 NODES = (1, 2, 3)
 
 
-def segment_ids(node_id):
-    return [c.segment_id_of(node_id, i) for i in range(2)]
-
-
 def next_command(rng: random.Random, state: StateMachine, now: int):
     """A random command, biased towards ones that succeed in `state`."""
     pending = [(k, e.pending.writer_id) for k, e in state.objects.items() if e.pending]
@@ -407,7 +403,9 @@ def next_command(rng: random.Random, state: StateMachine, now: int):
     roll = rng.random()
     if roll < 0.04 or len(state.segments) < 2:
         node = rng.choice(NODES)
-        sid = rng.choice(segment_ids(node))
+        # Under the node's current generation, mostly (a stale one is refused).
+        generation = state.generations.get(node, 0) if rng.random() < 0.9 else 0
+        sid = c.segment_id_of(node, rng.randrange(2), generation)
         return c.MountSegment(sid, f"seg{sid}", f"node{node}", rng.choice([4096, 16384, 65536]),
                               rng.choice([64, 512]), rng.randint(2, 24))
     if roll < 0.055:
@@ -415,6 +413,10 @@ def next_command(rng: random.Random, state: StateMachine, now: int):
         return c.NodeUp(node, f"node{node}", f"h{node}:1", f"h{node}:2")
     if roll < 0.065:
         return c.NodeDown(rng.choice(NODES))
+    if roll < 0.068:
+        return c.SetStoreSettings(rng.choice([4, 10]), rng.choice([100, 300]),
+                                  rng.choice([300, 1000]),
+                                  rng.choice(["random", "free_ratio_first"]))
     if roll < 0.075:
         return c.UnmountSegment(rng.choice(list(state.segments) + [12345]))
     if roll < 0.45:
@@ -477,6 +479,11 @@ def apply(state: StateMachine, command):
         return "error", exc.code
 
 
+# A seed of commands_for whose state has every table non-empty (preempted upserts, settings
+# from the log and generations included), for the garbage cases.
+SEED_WITH_EVERY_TABLE = 407
+
+
 def commands_for(seed: int, count: int) -> list:
     """A command list generated against a reference run (commands depend on the state)."""
     rng = random.Random(seed)
@@ -524,7 +531,7 @@ def test_repeated_snapshots_and_successes_are_exercised():
     leader, follower = new_state(), new_state()
     kinds = set()
     most_objects = most_deferred = most_pending = most_preempted = 0
-    for i, command in enumerate(commands_for(62, 400)):
+    for i, command in enumerate(commands_for(11, 400)):  # a seed where every kind succeeds
         result = apply(leader, command)
         if result[0] == "ok":
             kinds.add(type(command).__name__)
@@ -539,18 +546,40 @@ def test_repeated_snapshots_and_successes_are_exercised():
         most_preempted = max(most_preempted, len(leader.preempted))
     assert kinds >= {"MountSegment", "NodeUp", "PutStart", "PutEnd", "PutRevoke", "Remove",
                      "Evict", "ReleaseExpired", "NodeDown", "UnmountSegment",
-                     "MoveCommit"}, kinds
+                     "MoveCommit", "SetStoreSettings"}, kinds
     assert most_objects >= 6 and most_deferred >= 2 and most_pending >= 3  # not trivial states
     assert most_preempted >= 1
 
 
-def test_restore_keeps_the_instances_config():
+def test_restore_takes_the_snapshots_store_settings_and_generations():
+    """What the state machine decides by comes from the log: a snapshot carries the settings
+    (and the nodes' mount generations), whatever the restoring instance was built with."""
     leader = new_state("random", max_objects=10)
     for command in commands_for(3, 80):
         apply(leader, command)
+    apply(leader, c.SetStoreSettings(7, 100, 900, "random"))
+    assert leader.generations
     follower = new_state("free_ratio_first", max_objects=3)
     follower.restore(leader.snapshot())
+    assert follower.store_settings() == c.SetStoreSettings(7, 100, 900, "random")
+    assert follower.store_settings_from_log and follower.generations == leader.generations
+    assert follower.digest() == leader.digest()
+
+
+def test_a_snapshot_of_format_2_restores_with_the_built_settings():
+    leader = new_state("random", max_objects=10)
+    for command in commands_for(3, 80):
+        apply(leader, command)
+    top = msgpack.unpackb(leader.snapshot(), raw=False)
+    top["format"] = 2
+    del top["settings_from_log"], top["generations"], top["preempted"]
+    for row in top["objects"]:
+        del row[8]  # pending_upsert: format 3
+    top["config"] = [5, 1, 2, "random"]  # the config of the node that took it
+    follower = new_state("free_ratio_first", max_objects=3)
+    follower.restore(msgpack.packb(top, use_bin_type=True))
     assert follower.max_objects == 3 and follower.allocation_strategy == "free_ratio_first"
+    assert not follower.store_settings_from_log and follower.generations == {}
     assert msgpack.unpackb(follower.snapshot())["objects"] == msgpack.unpackb(leader.snapshot())["objects"]
 
 
@@ -585,6 +614,13 @@ def _garbage_snapshots(good: bytes):
         return mutated(lambda t: t.__setitem__(name, value))
 
     yield set_field("format", 4)
+    yield set_field("config", [1, 2, 3, "nowhere_first"])
+    yield set_field("config", [0, 2, 3, "random"])
+    yield set_field("config", [1, 5, 3, "random"])  # discard after release
+    yield set_field("settings_from_log", 1)
+    yield set_field("generations", [[1, 0]])
+    yield set_field("generations", [[1, 2], [1, 3]])
+    yield set_field("generations", [[1, 1 << 32]])
     yield set_field("format", True)
     yield mutated(lambda t: t.pop("nodes"))
     yield mutated(lambda t: t.__setitem__("extra", 1))
@@ -630,10 +666,11 @@ def _garbage_snapshots(good: bytes):
 
 def test_restore_rejects_garbage_and_changes_nothing():
     leader = new_state()
-    commands = commands_for(2, 200)  # a seed whose state has every table non-empty
+    commands = commands_for(SEED_WITH_EVERY_TABLE, 200)
     for command in commands:
         apply(leader, command)
-    assert leader.objects and leader._deferred and leader.pending_order and leader.nodes
+    assert leader.objects and len(leader._deferred) >= 2 and leader.pending_order \
+        and leader.nodes and leader.generations and leader.store_settings_from_log
     assert leader.preempted
     good = leader.snapshot()
     follower = new_state()

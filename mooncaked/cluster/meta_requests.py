@@ -92,6 +92,12 @@ def _registration(value: Any) -> list:
         if type(command) not in REGISTER_COMMANDS:
             raise _Invalid(f"NodeUp or MountSegment commands, not {type(command).__name__}")
         registered.append(command)
+    # The leader mounts the segments under the generation the log gives the NodeUp.
+    if not registered or type(registered[0]) is not c.NodeUp \
+            or any(type(x) is not c.MountSegment
+                   or c.node_of_segment(x.segment_id) != registered[0].node_id
+                   for x in registered[1:]):
+        raise _Invalid("a NodeUp, then MountSegment commands of that node's segments")
     return registered
 
 
@@ -107,6 +113,10 @@ def _limit(value: Any) -> int | None:
 
 def _node_id(value: Any) -> int:
     return _int(value, 1)
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
 
 
 _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
@@ -125,6 +135,11 @@ _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "remove_member": (("node_id", _node_id),),
     "transfer_leader": (("node_id", _node_id),),
     "drain": (("node_id", _node_id),),
+    # Each None keeps the log's value; the leader checks the bounds of the result.
+    "set_store_settings": (("max_objects", _optional(lambda v: _int(v, 1))),
+                           ("put_start_discard_timeout_ms", _optional(lambda v: _int(v, 1))),
+                           ("put_start_release_timeout_ms", _optional(lambda v: _int(v, 1))),
+                           ("allocation_strategy", _optional(_str))),
 }
 
 METHODS = frozenset(_SHAPES)

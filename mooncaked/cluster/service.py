@@ -14,6 +14,10 @@
   a replica to other nodes (cluster/repair.py).
 - Each node registers itself (NodeUp, then MountSegment for each of its segments) once a
   leader is known, and again whenever the log says it was declared down.
+- The `[store]` values the state machine decides by (max_objects, the put timeouts,
+  allocation_strategy) are replicated state too (SetStoreSettings): the first leader of a new
+  cluster proposes its config's; a node whose config says otherwise logs which keys differ and
+  follows the log.
 - Namespace quotas are replicated state (SetQuota): a new leader proposes the `[namespaces]`
   quotas of its own config for namespaces the log has never had a quota for; after that they
   change only through `quota_set` (mooncakectl quota set), so every node enforces the same.
@@ -22,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -40,7 +45,7 @@ from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import ReplicateConfig
-from mooncaked.meta.state_machine import Replica, Version
+from mooncaked.meta.state_machine import Replica, Version, store_settings_problem
 from mooncaked.raft.log_store import LogStore
 from mooncaked.raft.types import ConfChange, ConfChangeKind, Role
 
@@ -105,9 +110,9 @@ class ClusterService:
         self.raft: RaftNode | None = None
         self.master: ReplicatedMaster | None = None
         self.registered_term = -1  # the term in which this node last registered itself
-        # Each registration mounts the segments under a new generation (meta/commands.py);
-        # a random start keeps a restarted node's ids apart from its previous life's.
-        self.mount_generation = int.from_bytes(os.urandom(1), "little")
+        # Each registration mounts the segments under the generation the log gave its NodeUp
+        # (meta/commands.py), never one this node had before; 0 until registered.
+        self.mount_generation = 0
         self._registering: asyncio.Task | None = None
         self._duties: asyncio.TimerHandle | None = None
         self._sweeping = False
@@ -260,6 +265,7 @@ class ClusterService:
             self.master.become_leader()
             if self.daemon.config.namespaces:
                 self._spawn(self._seed_quotas(term))
+            self._spawn(self._seed_store_settings(term))
             self._leader_since = now = time.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
@@ -270,6 +276,8 @@ class ClusterService:
             self._register_soon()
 
     def _applied(self, index: int, command, result) -> None:
+        if isinstance(command, c.SetStoreSettings):
+            self._compare_store_settings()
         if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment)):
             self._check_own_segments()
         if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment, c.MountSegment)):
@@ -327,7 +335,25 @@ class ClusterService:
     def _snapshot_restored(self) -> None:
         for node in self.daemon.master.state.nodes.values():
             self.addresses[node.node_id] = node.peer_address
+        self._compare_store_settings()
         self._check_own_segments()
+
+    def _store_settings_differences(self) -> list[str]:
+        """`key=cluster's (config: this node's)` for each [store] value the log sets otherwise."""
+        cluster = self.daemon.master.state.store_settings()
+        store = self.daemon.config.store
+        return [f"{field.name}={getattr(cluster, field.name)!r} "
+                f"(config: {getattr(store, field.name)!r})"
+                for field in dataclasses.fields(cluster)
+                if getattr(cluster, field.name) != getattr(store, field.name)]
+
+    def _compare_store_settings(self) -> None:
+        if not self.daemon.master.state.store_settings_from_log:
+            return
+        differences = self._store_settings_differences()
+        if differences:
+            log.warning("[store] settings differ from the cluster's, which this node follows: "
+                        "%s", ", ".join(differences))
 
     # -- registration -------------------------------------------------------------------------
 
@@ -345,19 +371,25 @@ class ClusterService:
         host = self.cluster_config.advertise_host or server.tcp_host
         commands = [c.NodeUp(self.node_id, daemon.node_name, f"{host}:{daemon.tcp_port}",
                              self.peer_address)]
-        self.mount_generation = (self.mount_generation + 1) & 0xFF
         for index in range(segments.count):
+            # Generation 0 here: the leader mounts them under the one the log gives the NodeUp.
             commands.append(c.MountSegment(
-                c.segment_id_of(self.node_id, index, self.mount_generation),
+                c.segment_id_of(self.node_id, index),
                 f"{daemon.node_name}/{index}",
                 daemon.node_name, segments.size_bytes, segments.alignment_bytes,
                 segments.max_allocations))
         while True:
             try:
-                await self.meta("register", [[command_codec.encode(x) for x in commands]])
+                generation = await self.meta(
+                    "register", [[command_codec.encode(x) for x in commands]])
+                if type(generation) is not int or not 1 <= generation <= c.MAX_GENERATION:
+                    raise MooncakedError(ErrorCode.INTERNAL_ERROR,
+                                         f"the leader answered generation {generation!r:.40}")
+                self.mount_generation = generation
                 # Done once this node has applied its own registration too: until then it
                 # may still replay an older NodeDown of itself, which must not count as new.
-                own = [cmd.segment_id for cmd in commands[1:]]
+                own = [c.segment_id_of(self.node_id, index, generation)
+                       for index in range(segments.count)]
                 state = daemon.master.state
                 deadline = time.monotonic() + self.rpc_timeout_s
                 while not all(segment_id in state.segments for segment_id in own):
@@ -626,13 +658,18 @@ class ClusterService:
             await self.raft.propose(master.quota_command(namespace, max_bytes, max_objects))
             return 0
         if method == "register":
-            for command in params[0]:
-                try:
-                    await self.raft.propose(command)
-                except MooncakedError as exc:
-                    if exc.code != ErrorCode.SEGMENT_ALREADY_EXISTS:
-                        raise
-            return 0
+            return await self._register_node(params[0])
+        if method == "set_store_settings":
+            await self.raft.read_barrier()  # None keeps the value the log has now
+            state = self.daemon.master.state
+            current = dataclasses.astuple(state.store_settings())
+            wanted = c.SetStoreSettings(*(now if new is None else new
+                                          for now, new in zip(current, params)))
+            problem = store_settings_problem(wanted)
+            if problem is not None:
+                raise MooncakedError(ErrorCode.INVALID_PARAMS, f"store settings: {problem}")
+            await self.raft.propose(wanted)
+            return dataclasses.asdict(state.store_settings())
         if method == "join":
             node_id, address = params
             conf = self.raft.core.conf_state
@@ -664,6 +701,36 @@ class ClusterService:
         assert method == "drain", method  # meta_requests.check knows no other method
         (node_id,) = params
         return await self._drain(node_id)
+
+    async def _register_node(self, commands: list) -> int:
+        """A node's NodeUp, then its segments mounted under the generation the log gave that
+        NodeUp (whatever generation the node's ids named); returns the generation."""
+        node_up, mounts = commands[0], commands[1:]
+        generation = await self.raft.propose(node_up)
+        for mount in mounts:
+            segment_id = c.segment_id_of(node_up.node_id, c.slot_of_segment(mount.segment_id),
+                                         generation)
+            try:
+                await self.raft.propose(dataclasses.replace(mount, segment_id=segment_id))
+            except MooncakedError as exc:
+                if exc.code != ErrorCode.SEGMENT_ALREADY_EXISTS:
+                    raise
+        return generation
+
+    async def _seed_store_settings(self, term: int) -> None:
+        """A new cluster's first leader proposes its config's [store] settings; later leaders
+        leave the log's (a differing config is logged, see _compare_store_settings)."""
+        try:
+            await self.raft.read_barrier()  # everything earlier leaders committed is applied
+            if self.raft.role != Role.LEADER or self.raft.core.term != term \
+                    or self.daemon.master.state.store_settings_from_log:
+                return
+            store = self.daemon.config.store
+            await self.raft.propose(c.SetStoreSettings(
+                store.max_objects, store.put_start_discard_timeout_ms,
+                store.put_start_release_timeout_ms, store.allocation_strategy))
+        except MooncakedError as exc:
+            log.info("store settings from the config not proposed: %s", exc.message)
 
     async def _drain(self, node_id: int) -> dict:
         """Copy objects whose only replicas are on the node elsewhere, then remove the node.
@@ -776,8 +843,9 @@ class ClusterService:
         # A segment id names the mount generation too: ids of an earlier registration (before
         # a restart, or before this node was declared down) are refused, so a late request
         # never touches memory that was handed out again since.
-        generation = (segment_id >> c.SEGMENT_SLOT_BITS) & 0xFF
-        if memory is None or self.registered_term < 0 or generation != self.mount_generation \
+        current = c.segment_id_of(self.node_id, c.slot_of_segment(segment_id),
+                                  self.mount_generation)
+        if memory is None or self.registered_term < 0 or segment_id != current \
                 or segment_id not in self.daemon.master.state.segments:
             raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND,
                                  f"segment {segment_id} is not mounted on node {self.node_id}")
@@ -885,6 +953,9 @@ class ClusterService:
             "voters": list(self.raft.core.conf_state.voters),
             "learners": list(self.raft.core.conf_state.learners),
             "registered": self.registered_term >= 0, "removed": self.removed,
+            "mount_generation": self.mount_generation,
+            "store_settings": {**dataclasses.asdict(state.store_settings()),
+                               "from_log": state.store_settings_from_log},
             "nodes": [{"node_id": n.node_id, "name": n.name, "up": n.up,
                        "client_address": n.client_address, "peer_address": n.peer_address,
                        "segments": sum(1 for s in state.segments

@@ -53,7 +53,7 @@ METHOD_ROLES: dict[str, tuple | None] = {
     "object_stat": (READ, 1),
     **{m: (ADMIN, DAEMON) for m in (
         "status", "segments", "config_show", "cluster_status", "cluster_add",
-        "cluster_remove", "cluster_transfer_leader", "cluster_drain",
+        "cluster_remove", "cluster_transfer_leader", "cluster_drain", "cluster_settings_set",
         # Quotas bound every tenant: set and read by the operator, not by a tenant's admin.
         "quota_list", "quota_set")},
 }

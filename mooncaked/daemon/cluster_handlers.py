@@ -43,7 +43,7 @@ def _writer_id(conn) -> int:
 def _placement(conn, config: ReplicateConfig) -> ReplicateConfig:
     """local_first: this node's segments are preferred, after any the client named."""
     daemon = conn.daemon
-    if daemon.config.store.allocation_strategy != "local_first":
+    if daemon.master.state.allocation_strategy != "local_first":  # the cluster's, from the log
         return config
     own = tuple(f"{daemon.node_name}/{i}" for i in range(daemon.config.segments.count))
     return ReplicateConfig(config.replica_num, config.preferred_segments + own,
@@ -320,6 +320,16 @@ def handle_quota_set(conn, params: list, payload_length: int):
     async def run() -> Reply:
         await conn.daemon.cluster.meta("set_quota", [namespace, max_bytes, max_objects])
         return _ZERO
+    return run()
+
+
+def handle_cluster_settings_set(conn, params: list, payload_length: int):
+    """Change the cluster's [store] settings through the log; nil keeps one."""
+    single._arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
+                  "put_start_release_timeout_ms, allocation_strategy] (nil keeps a value)")
+
+    async def run() -> Reply:
+        return Reply(await conn.daemon.cluster.meta("set_store_settings", list(params)))
     return run()
 
 

@@ -77,14 +77,18 @@ class Daemon:
         self.started_at = time.time()
         self.tcp_port = 0
         self.metrics_port = 0
+        # A cluster's state machine decides by the [store] settings its log carries
+        # (SetStoreSettings), the same on every node whatever its config: until the log sets
+        # them, by the built-in defaults. A single node's decides by its config.
         store = config.store
+        settings = config_module.StoreConfig() if config.cluster.enabled else store
         state = StateMachine(
             lambda size, alignment, max_allocations: OffsetAllocator(size, alignment,
                                                                      max_allocations),
-            max_objects=store.max_objects,
-            put_start_discard_timeout_ms=store.put_start_discard_timeout_ms,
-            put_start_release_timeout_ms=store.put_start_release_timeout_ms,
-            allocation_strategy=store.allocation_strategy)
+            max_objects=settings.max_objects,
+            put_start_discard_timeout_ms=settings.put_start_discard_timeout_ms,
+            put_start_release_timeout_ms=settings.put_start_release_timeout_ms,
+            allocation_strategy=settings.allocation_strategy)
         self.master = Master(state, store, seed=int.from_bytes(os.urandom(8), "little"))
         self.reservations = Reservations(self.master, server.max_reserved_bytes_per_connection)
         if not config.cluster.enabled:

@@ -32,6 +32,7 @@ TAGS: dict[type, int] = {
     c.SetQuota: 12,
     c.AddReplicas: 13,
     c.MoveCommit: 14,
+    c.SetStoreSettings: 15,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -67,6 +68,7 @@ _CHECKS = {
     "max_objects": lambda v: type(v) is int and v >= 0,
     "pool_namespace": lambda v: v == "" or c.valid_namespace(v),
     "owner_namespace": lambda v: v is None or c.valid_namespace(v),
+    "allocation_strategy": lambda v: type(v) is str,
 }
 
 def _check_fields(cls, values) -> None:

@@ -22,27 +22,48 @@ RESERVED_NAMESPACE = "#reserved"
 # whose objects alone it holds.
 SHARED_POOL = ""
 
-# A cluster segment id is node_id (high bits), a mount generation (8 bits) and the segment's
-# index on its node (8 bits). A node that registers again (restarted, or declared down and
-# back) mounts its segments under a new generation, so a late write or read aimed at a range
-# of the old mount names a segment that no longer exists and is refused, never landing in
-# memory that was reallocated meanwhile.
-SEGMENT_INDEX_BITS = 16
+# A cluster segment id is node_id << 40 | generation << 8 | index: the node id (16 bits), a
+# mount generation (32 bits) and the segment's index on its node (8 bits). The log numbers the
+# registrations of each node (every NodeUp of it: 1, 2, 3, ...; StateMachine.generations, kept
+# across NodeDown and in snapshots), and the node mounts its segments under the generation its
+# NodeUp got. So a node that registers again (restarted, or declared down and back) never
+# mounts an id it had before, and a late write or read aimed at a range of an earlier mount
+# names a segment that no longer exists and is refused, never landing in memory that was
+# reallocated meanwhile. 2^32 registrations of one node do not happen in practice; the state
+# machine refuses the one after.
+# Ids below 1 << 40 are a single node's (node 0), or a cluster's in the layout of logs written
+# before: node_id << 16 | 8-bit generation << 8 | index. They still decode (node and index);
+# they name no generation, and no cluster writes new ones.
 SEGMENT_SLOT_BITS = 8
 SEGMENT_SLOT_MASK = (1 << SEGMENT_SLOT_BITS) - 1
+SEGMENT_GENERATION_BITS = 32
+MAX_GENERATION = (1 << SEGMENT_GENERATION_BITS) - 1
+SEGMENT_NODE_SHIFT = SEGMENT_SLOT_BITS + SEGMENT_GENERATION_BITS
+_LEGACY_NODE_SHIFT = 16
 
 
 def segment_id_of(node_id: int, index: int, generation: int = 0) -> int:
-    return (node_id << SEGMENT_INDEX_BITS) | ((generation & 0xFF) << SEGMENT_SLOT_BITS) | index
+    if not 0 <= generation <= MAX_GENERATION or not 0 <= index <= SEGMENT_SLOT_MASK:
+        raise ValueError(f"segment id: generation {generation} or index {index} out of range")
+    return (node_id << SEGMENT_NODE_SHIFT) | (generation << SEGMENT_SLOT_BITS) | index
 
 
 def node_of_segment(segment_id: int) -> int:
-    return segment_id >> SEGMENT_INDEX_BITS
+    node_id = segment_id >> SEGMENT_NODE_SHIFT
+    return node_id if node_id else segment_id >> _LEGACY_NODE_SHIFT
 
 
 def slot_of_segment(segment_id: int) -> int:
     """The segment's index on its node (which of the node's segment memories holds it)."""
     return segment_id & SEGMENT_SLOT_MASK
+
+
+def generation_of_segment(segment_id: int) -> int | None:
+    """The mount generation a cluster segment id names; None for an id of the old layout or a
+    single node's, which name none."""
+    if segment_id >> SEGMENT_NODE_SHIFT == 0:
+        return None
+    return (segment_id >> SEGMENT_SLOT_BITS) & MAX_GENERATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +173,10 @@ class ReleaseExpired:
 
 @dataclass(frozen=True, slots=True)
 class NodeUp:
-    """A node joined or came back: where its clients and peers reach it."""
+    """A node joined or came back: where its clients and peers reach it.
+
+    Its result is the node's new mount generation (see segment_id_of): its segments are mounted
+    under that one, and requests naming an earlier one are refused."""
     node_id: int
     name: str
     client_address: str  # host:port of its client listener
@@ -222,3 +246,13 @@ class MoveCommit:
     version_started_ms: int
     now_ms: int
     replaced_release_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetStoreSettings:
+    """The `[store]` values the state machine decides by, the same on every node (a cluster's
+    come from its log, not from each node's config). Names and bounds as in `[store]`."""
+    max_objects: int
+    put_start_discard_timeout_ms: int
+    put_start_release_timeout_ms: int
+    allocation_strategy: str

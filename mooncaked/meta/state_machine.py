@@ -18,12 +18,14 @@ Invariants it keeps (checked by `check_invariants`, used by the tests):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 from typing import Callable
 
 import msgpack
 
+from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import commands as c
 from mooncaked.meta.placement import place
@@ -145,16 +147,38 @@ def _version_bytes(version: Version | None) -> int:
 
 AllocatorFactory = Callable[[int, int, int], object]  # (size, alignment, max_allocations)
 
+_STORE_KEYS = {f.name: f.metadata for f in dataclasses.fields(StoreConfig)}
+
+
+def store_settings_problem(settings: c.SetStoreSettings) -> str | None:
+    """What is wrong with store settings (bounds and choices of their `[store]` keys), or None."""
+    for field in dataclasses.fields(settings):
+        value, meta = getattr(settings, field.name), _STORE_KEYS[field.name]
+        if meta["choices"] is not None:
+            if value not in meta["choices"]:
+                return f"{field.name} must be one of {', '.join(meta['choices'])}"
+        elif type(value) is not int or not meta["min"] <= value <= meta["max"]:
+            return f"{field.name} must be an int in {meta['min']}..{meta['max']}"
+    if settings.put_start_discard_timeout_ms > settings.put_start_release_timeout_ms:
+        return "put_start_discard_timeout_ms must not exceed put_start_release_timeout_ms"
+    return None
+
 
 class StateMachine:
     def __init__(self, allocator_factory: AllocatorFactory, *, max_objects: int,
                  put_start_discard_timeout_ms: int, put_start_release_timeout_ms: int,
                  allocation_strategy: str = "random") -> None:
         self._allocator_factory = allocator_factory
-        self.max_objects = max_objects
-        self.discard_timeout_ms = put_start_discard_timeout_ms
-        self.release_timeout_ms = put_start_release_timeout_ms
-        self.allocation_strategy = allocation_strategy
+        # The settings it decides by: these until a SetStoreSettings command sets them (a
+        # cluster builds every node's with the same built-in defaults, and its log sets them).
+        self._built_settings = c.SetStoreSettings(max_objects, put_start_discard_timeout_ms,
+                                                  put_start_release_timeout_ms,
+                                                  allocation_strategy)
+        self._install_settings(self._built_settings)
+        self.store_settings_from_log = False  # whether a SetStoreSettings set them
+        # The mount generation of each node's latest NodeUp (meta/commands.py segment_id_of):
+        # kept when the node goes down, so its next registration gets a new one.
+        self.generations: dict[int, int] = {}
         self.segments: dict[int, Segment] = {}
         self.segment_list: list[Segment] = []
         # Namespaces with a pool of their own (a mounted segment whose pool_namespace they
@@ -193,6 +217,7 @@ class StateMachine:
             c.SetQuota: self._set_quota,
             c.AddReplicas: self._add_replicas,
             c.MoveCommit: self._move_commit,
+            c.SetStoreSettings: self._set_store_settings,
         }
 
     def apply(self, command):
@@ -204,11 +229,18 @@ class StateMachine:
     # -- nodes ------------------------------------------------------------------------------
 
     def _node_up(self, cmd: c.NodeUp) -> int:
-        """Register a node that (re)starts with fresh memory: segments it had are dropped."""
-        lost = self._node_down(c.NodeDown(cmd.node_id))
+        """Register a node that (re)starts with fresh memory: segments it had are dropped.
+        Returns its new mount generation, under which its segments are mounted next."""
+        generation = self.generations.get(cmd.node_id, 0) + 1
+        if generation > c.MAX_GENERATION:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"node {cmd.node_id} has registered {c.MAX_GENERATION} times; "
+                                 f"give it another node id")
+        self._node_down(c.NodeDown(cmd.node_id))
         self.nodes[cmd.node_id] = Node(cmd.node_id, cmd.name, cmd.client_address,
                                        cmd.peer_address)
-        return lost
+        self.generations[cmd.node_id] = generation
+        return generation
 
     def _node_down(self, cmd: c.NodeDown) -> int:
         """Mark the node down and drop its segments; returns the objects left with no replica."""
@@ -225,6 +257,14 @@ class StateMachine:
     def _mount_segment(self, cmd: c.MountSegment) -> None:
         if cmd.segment_id in self.segments:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {cmd.segment_id}")
+        node_id = c.node_of_segment(cmd.segment_id)
+        generation = c.generation_of_segment(cmd.segment_id)
+        current = self.generations.get(node_id)
+        if generation is not None and current is not None and generation != current:
+            # A mount of an earlier registration, committed after a later NodeUp of the node.
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 f"segment {cmd.segment_id}: node {node_id} is at mount "
+                                 f"generation {current}, not {generation}")
         allocator = self._allocator_factory(cmd.size_bytes, cmd.alignment_bytes,
                                             cmd.max_allocations)
         segment = Segment(cmd.segment_id, cmd.name, cmd.node_name, cmd.size_bytes, allocator,
@@ -629,6 +669,26 @@ class StateMachine:
                 del self.preempted[key]
         return released
 
+    # -- store settings -----------------------------------------------------------------------
+
+    def _set_store_settings(self, cmd: c.SetStoreSettings) -> None:
+        problem = store_settings_problem(cmd)
+        if problem is not None:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, f"store settings: {problem}")
+        self._install_settings(cmd)
+        self.store_settings_from_log = True
+
+    def _install_settings(self, settings: c.SetStoreSettings) -> None:
+        self.max_objects = settings.max_objects
+        self.discard_timeout_ms = settings.put_start_discard_timeout_ms
+        self.release_timeout_ms = settings.put_start_release_timeout_ms
+        self.allocation_strategy = settings.allocation_strategy
+
+    def store_settings(self) -> c.SetStoreSettings:
+        """The settings it decides by now, by their `[store]` names."""
+        return c.SetStoreSettings(self.max_objects, self.discard_timeout_ms,
+                                  self.release_timeout_ms, self.allocation_strategy)
+
     # -- quotas -------------------------------------------------------------------------------
 
     def _set_quota(self, cmd: c.SetQuota) -> None:
@@ -832,8 +892,8 @@ class StateMachine:
         objects with both versions (each with the replica_num it was put with) and pins, the
         pending order, the deferred heap as laid out, its sequence counter and byte count, the
         clock, the namespace quotas (usage is derived from the objects, and recounted by
-        `restore`) and the preempted upserts. The config values are recorded too (restore keeps
-        the instance's own). The same state always gives the same bytes.
+        `restore`), the preempted upserts, the store settings it decides by and whether the log
+        set them, and each node's mount generation. The same state always gives the same bytes.
         """
         def replicas(rs):
             return [[r.segment_id, r.offset, r.handle] for r in rs]
@@ -848,6 +908,9 @@ class StateMachine:
             "format": 3,
             "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
                        self.allocation_strategy],
+            "settings_from_log": self.store_settings_from_log,
+            "generations": [[node_id, generation]
+                            for node_id, generation in self.generations.items()],
             "clock_ms": self.clock_ms,
             "segments": [[s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
                           s.allocator.dump(), s.pool_namespace]
@@ -883,7 +946,12 @@ class StateMachine:
         return hashlib.blake2b(self.snapshot(), digest_size=32).digest()
 
     def restore(self, data: bytes) -> None:
-        """Replace the whole state with a `snapshot`'s; config and allocator factory stay.
+        """Replace the whole state with a `snapshot`'s; the allocator factory stays.
+
+        A snapshot of format 1 or 2 (before store settings and generations were replicated)
+        records the config of the node that took it: the instance's built settings apply
+        instead, and no node has a generation yet (their segment ids are of the old layout,
+        which no new id equals).
 
         Everything is checked before anything changes: the shape and types of every field,
         each allocator dump (OffsetAllocator.load), that replicas name existing segments, and
@@ -925,17 +993,32 @@ class StateMachine:
         fields = ("format", "config", "clock_ms", "segments", "segment_list", "nodes", "objects",
                   "pending_order", "deferred", "deferred_seq", "deferred_bytes")
         need(type(top) is dict, "not a map")
-        # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 2
-        # is format 3 without preempted upserts (nor objects' pending_upsert flags).
+        # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 3
+        # adds the preempted upserts (and objects' pending_upsert flags), the store settings'
+        # origin and the nodes' mount generations.
         need(top.get("format") in (1, 2, 3) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
         if top["format"] >= 2:
             fields += ("quotas",)
         if top["format"] >= 3:
-            fields += ("preempted",)
+            fields += ("preempted", "settings_from_log", "generations")
         need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
         config = row(top["config"], 4, "config")
         need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
+        settings, settings_from_log = self._built_settings, False
+        generations: dict[int, int] = {}
+        if top["format"] >= 3:
+            settings = c.SetStoreSettings(*config)
+            problem = store_settings_problem(settings)
+            need(problem is None, f"bad config: {problem}")
+            settings_from_log = top["settings_from_log"]
+            need(type(settings_from_log) is bool, "bad settings_from_log")
+            for item in seq_of(top["generations"], "generations"):
+                node_id, generation = row(item, 2, "generation")
+                need(is_int(node_id) and is_int(generation)
+                     and 1 <= generation <= c.MAX_GENERATION and node_id not in generations,
+                     f"bad generation {item!r:.80}")
+                generations[node_id] = generation
         for name in ("clock_ms", "deferred_seq", "deferred_bytes"):
             need(is_int(top[name]), f"bad {name}")
 
@@ -1098,6 +1181,10 @@ class StateMachine:
         self.quotas.update(quotas)
         self.preempted.clear()
         self.preempted.update(preempted)
+        self._install_settings(settings)
+        self.store_settings_from_log = settings_from_log
+        self.generations.clear()
+        self.generations.update(generations)
         self.usage.clear()
         for ns, (used_bytes, used_objects) in self.count_usage().items():
             usage = self._usage_of(ns)

@@ -19,6 +19,7 @@ memory of a segment its log still lists).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from typing import Callable
@@ -627,7 +628,12 @@ class SimNode:
                     result.code != ErrorCode.SEGMENT_ALREADY_EXISTS:
                 reply(("err", result.code, None))
                 return
-            self._leader_register(commands[1:], reply)
+            rest = commands[1:]
+            if isinstance(commands[0], c.NodeUp):  # mounted under the generation it got
+                rest = [dataclasses.replace(x, segment_id=c.segment_id_of(
+                    commands[0].node_id, c.slot_of_segment(x.segment_id), result))
+                    for x in rest]
+            self._leader_register(rest, reply)
 
         self.propose(commands[0], done)
 

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass, field
 
 from mooncaked.checks import linearizability
+from mooncaked.meta import commands as c
 from mooncaked.raft.types import (ConfChange, ConfChangeKind, Message, NotLeader,
                                   ProposalDropped, Role)
 from mooncaked.sim import params as sim_params
@@ -425,7 +426,7 @@ class Simulation:
             tag = (version.writer_id, version.started_ms, version.size_bytes)
             expected = (tag, self.checker.values.get((key, tag)))
             for replica in version.replicas:
-                node = self.nodes[replica.segment_id >> 16]
+                node = self.nodes[c.node_of_segment(replica.segment_id)]
                 held = node.memory.get((replica.segment_id, replica.offset))
                 if held != expected:
                     raise Violation("exact bytes", f"after settling, {key} version {tag} lists a"

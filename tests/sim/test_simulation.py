@@ -143,7 +143,7 @@ def test_remove_keeps_the_ranges_of_an_upsert_in_flight():
     """Found by the sim (another object's bytes in a get): StateMachine._remove freed an
     in-flight upsert's ranges at once while its writer could still be copying into them."""
     state = new_state(Params(0))
-    segment = c.segment_id_of(1, 0)
+    segment = c.segment_id_of(1, 0, 1)  # under the generation of the node's first NodeUp
     state.apply(c.NodeUp(1, "n1", "c", "p"))
     state.apply(c.MountSegment(segment, "n1/0", "n1", 8192, 64, 64))
     key = ("ns", "k")
