@@ -210,3 +210,14 @@ def make_daemon():
 @pytest.fixture
 def daemon(make_daemon) -> DaemonProcess:
     return make_daemon()
+
+
+@pytest.fixture
+def cluster():
+    """A started 3-node cluster of real daemons (tests/cluster_harness.py), closed after."""
+    from cluster_harness import Cluster
+    started = Cluster(3)
+    try:
+        yield started.start()
+    finally:
+        started.close()

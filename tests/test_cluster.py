@@ -22,15 +22,6 @@ from mooncaked.meta import commands as c
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def cluster():
-    cluster = Cluster(3)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
-
-
 def ctl(node, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mooncaked.ctl", "-a", node.tcp_address,
                            *args], capture_output=True, text=True, timeout=60,

@@ -18,15 +18,6 @@ from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 
 
-@pytest.fixture
-def cluster():
-    cluster = Cluster(3)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
-
-
 def assert_silent(cluster: Cluster, node_id: int) -> None:
     """A removed node campaigns no more: it sends no Raft message over several election
     timeouts of the harness."""

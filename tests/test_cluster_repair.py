@@ -15,8 +15,6 @@ import sys
 import time
 import urllib.request
 
-import pytest
-
 from cluster_harness import Cluster
 from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import MooncakedError
@@ -26,15 +24,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = (1, 2, 3)
 TWO = ReplicateConfig(replica_num=2)
 WAIT_S = 60.0  # an upper bound for waits on the cluster, never asserted as a duration
-
-
-@pytest.fixture
-def cluster():
-    cluster = Cluster(3)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
 
 
 def value_of(index: int) -> bytes:

@@ -67,16 +67,6 @@ def test_concurrent_upserts_of_one_key_all_succeed_on_one_daemon(daemon, transpo
     assert number == UPSERTS_PER_WRITER - 1  # the value of some writer's last upsert
 
 
-@pytest.fixture
-def cluster():
-    from cluster_harness import Cluster
-    cluster = Cluster(3)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
-
-
 def test_concurrent_upserts_of_one_key_all_succeed_on_a_cluster(cluster):
     errors, last = hammer(lambda i: cluster.client(1 + i % 3), "hot", 4096)
     assert errors == []

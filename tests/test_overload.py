@@ -17,7 +17,7 @@ import time
 import pytest
 
 import wire_helpers
-from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.errors import ErrorCode
 from mooncaked.proto import framing
 from wire_helpers import read_frame, request_frame
 
