@@ -47,6 +47,7 @@ from mooncaked.daemon import cluster_handlers, handlers
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.io import uring
 from mooncaked.proto import framing, scram
+from test_wire_vectors import from_json
 from wire_helpers import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, connect, read_response, \
     request_frame, same, split_frames
 
@@ -730,16 +731,6 @@ def test_both_sides_of_the_project_reproduce_the_worked_example(monkeypatch):
     assert result == {"server_signature": bytes.fromhex(example["server_signature_hex"]),
                       "principal": given["principal"]}
     assert conn.principal == given["principal"] and conn.auth_challenge is None
-
-
-def from_json(value):
-    if isinstance(value, dict):
-        if set(value) == {"$bin"}:
-            return bytes.fromhex(value["$bin"])
-        return {k: from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_json(v) for v in value]
-    return value
 
 
 @pytest.mark.parametrize("vector", load_auth_vectors()["frames"],

@@ -38,6 +38,7 @@ from mooncaked.daemon.segment_memory import SegmentMemory
 from mooncaked.errors import ErrorCode
 from mooncaked.meta import commands
 
+from fakes import ErrorRecords, FakeTransport
 from wire_oracle import Finding, decode_replies, expected_requests
 
 CONTROL_BYTES = 3
@@ -58,51 +59,6 @@ CLOCK_STEPS_MS = (0, 0, 1, 999, 1001, 2001, 5001)
 FAR_FUTURE_MS = 10 ** 9  # past every lease, pin and deadline an input can set
 START_MS = 1_000_000
 
-class FakeTransport:
-    """What Connection uses of an asyncio transport; records what is written."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closing = False
-        self.paused = False
-        self.writes_after_close = 0
-
-    def write(self, data) -> None:
-        if self.closing:
-            self.writes_after_close += 1
-        self.written += data
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_write_buffer_size(self) -> int:
-        return 0  # the fuzzer's client takes every byte at once
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-
-class _ErrorRecords(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 class Harness:
     """The segments and log capture, made once; a fresh daemon state for every input."""
 
@@ -119,7 +75,7 @@ class Harness:
         self.memory = {index: SegmentMemory(index, self.shm_dir, SEGMENT_BYTES,
                                             segments.shm_mode, -1, "off", False)
                        for index in range(SEGMENT_COUNT)}
-        self.errors = _ErrorRecords()
+        self.errors = ErrorRecords()
         daemon_log = logging.getLogger("mooncaked")
         daemon_log.addHandler(self.errors)
         daemon_log.setLevel(logging.WARNING)  # keep INFO lines (closed connections) quiet

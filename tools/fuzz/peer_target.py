@@ -32,6 +32,7 @@ from mooncaked.raft.types import (ConfChange, ConfChangeKind, ConfState, Entry, 
                                   HardState, Message, MessageType, NotLeader, ProposalDropped,
                                   Role, Snapshot, SnapshotMeta)
 
+from fakes import ErrorRecords, FakeTransport
 from wire_oracle import Finding
 
 U64_MAX = (1 << 64) - 1
@@ -244,43 +245,7 @@ def _raft_core(data: bytes) -> None:
 
 # -- mode 3: the peer listener's frame reader ---------------------------------------------------
 
-class _Transport:
-    def __init__(self) -> None:
-        self.closing = False
-        self.written = bytearray()
-
-    def write(self, data) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-
-class _ErrorRecords(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-_errors = _ErrorRecords()
+_errors = ErrorRecords()
 _peer_log = logging.getLogger("mooncaked")
 _peer_log.addHandler(_errors)
 _peer_log.setLevel(logging.WARNING)
@@ -309,7 +274,7 @@ def _peer_frames(data: bytes) -> None:
     server._answer_soon = lambda transport, msgid, method, params, payload: requests.append(
         (msgid, method, params, payload))  # the handler runs on the loop; here, only recorded
     protocol = peer_transport._ServerProtocol(server)
-    transport = _Transport()
+    transport = FakeTransport()
     protocol.connection_made(transport)
     _errors.records.clear()
     reader_seed = data[0] if data else 0
