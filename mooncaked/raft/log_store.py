@@ -47,6 +47,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mooncaked.raft.fs import OsFileSystem
 from mooncaked.raft.types import ConfState, Entry, EntryKind, HardState, Snapshot, SnapshotMeta
 
 FSYNC_BATCH = "batch"
@@ -74,11 +75,6 @@ _SNAPSHOT_META = struct.Struct("<QQII")  # index, term, voter count, learner cou
 # Deciding "torn tail or corruption" may scan the rest of the last segment for a valid record;
 # past this many bytes of candidate checksums we stop guessing and refuse to start.
 _RESYNC_CRC_BUDGET_BYTES = 256 << 20
-
-
-def _fdatasync(fd: int) -> None:
-    # Looked up per call so tests can count calls; macOS has no fdatasync.
-    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 class CorruptLog(Exception):
@@ -143,18 +139,15 @@ def decode_snapshot(raw: bytes, path: str) -> Snapshot:
     return Snapshot(SnapshotMeta(index, term, conf_state), bytes(body[members_end:]))
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 class LogStore:
     def __init__(self, directory: str, *, fsync: str = FSYNC_BATCH,
-                 segment_bytes: int = 64 << 20, max_record_bytes: int = 64 << 20) -> None:
+                 segment_bytes: int = 64 << 20, max_record_bytes: int = 64 << 20,
+                 fs=None) -> None:
+        """`fs`: the file system to use (`OsFileSystem()` by default; see raft/fs.py)."""
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
         self._directory = directory
+        self._fs = OsFileSystem() if fs is None else fs
         self._fsync = fsync
         self._segment_bytes = segment_bytes
         self._max_record_bytes = max_record_bytes
@@ -196,11 +189,12 @@ class LogStore:
     def open(self) -> Recovered:
         if self._fd is not None:
             raise RuntimeError("log store is already open")
-        os.makedirs(self._directory, exist_ok=True)
+        fs = self._fs
+        fs.makedirs(self._directory)
         self._unsynced = self._directory_unsynced = False
         tmp_path = os.path.join(self._directory, SNAPSHOT_TMP_NAME)
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)  # a save_snapshot that died before its rename
+        if fs.exists(tmp_path):
+            fs.unlink(tmp_path)  # a save_snapshot that died before its rename
         snapshot = self._read_snapshot()
         self._snapshot_index = snapshot.meta.index if snapshot is not None else 0
 
@@ -211,8 +205,7 @@ class LogStore:
         valid_end = 0
         for position, segment in enumerate(self._segments):
             is_last = position == len(self._segments) - 1
-            with open(segment.path, "rb") as file:
-                data = file.read()
+            data = fs.read_file(segment.path)
             records, valid_end = self._scan(segment, data, is_last)
             truncated_bytes = len(data) - valid_end
             segment.records = len(records)
@@ -233,10 +226,10 @@ class LogStore:
 
         if self._segments:
             last = self._segments[-1]
-            self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            self._fd = fs.open_append(last.path, create=False)
             if truncated_bytes:
                 # Cut the torn tail off the file itself so that new records follow the prefix.
-                os.ftruncate(self._fd, valid_end)
+                fs.ftruncate(self._fd, valid_end)
                 self._unsynced = True
             self._next_seq = last.first_seq + last.records
         else:
@@ -252,15 +245,14 @@ class LogStore:
     def _read_snapshot(self) -> Snapshot | None:
         path = os.path.join(self._directory, SNAPSHOT_NAME)
         try:
-            with open(path, "rb") as file:
-                raw = file.read()
+            raw = self._fs.read_file(path)
         except FileNotFoundError:
             return None
         return decode_snapshot(raw, path)
 
     def _list_segments(self) -> list[_Segment]:
         segments = []
-        for name in os.listdir(self._directory):
+        for name in self._fs.listdir(self._directory):
             match = _SEGMENT_NAME.fullmatch(name)
             if match:
                 segments.append(_Segment(os.path.join(self._directory, name), int(match[1])))
@@ -408,8 +400,14 @@ class LogStore:
         crc = zlib.crc32(payload, _CRC_SEED[REC_HARD_STATE])
         return _RECORD_HEAD.pack(len(payload), crc, REC_HARD_STATE) + payload
 
+    def _write_all(self, fd: int, data: bytes | memoryview) -> None:
+        write = self._fs.write
+        view = memoryview(data)
+        while view:
+            view = view[write(fd, view):]
+
     def _write(self, data: bytes, records: int, max_index: int) -> None:
-        _write_all(self._fd, data)
+        self._write_all(self._fd, data)
         segment = self._segments[-1]
         segment.records += records
         segment.size_bytes += len(data)
@@ -423,7 +421,7 @@ class LogStore:
         if self._fsync == FSYNC_NONE or self._fd is None:
             return
         if self._unsynced:
-            _fdatasync(self._fd)
+            self._fs.fdatasync(self._fd)
             self.fsyncs += 1
             self._unsynced = False
         if self._directory_unsynced:
@@ -433,17 +431,12 @@ class LogStore:
         self._directory_unsynced = False
         if self._fsync == FSYNC_NONE:
             return
-        fd = os.open(self._directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._fs.fsync_directory(self._directory)
         self.fsyncs += 1
 
     def _create_segment(self) -> None:
         segment = _Segment(os.path.join(self._directory, segment_name(self._next_seq)), self._next_seq)
-        self._fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
-                           | os.O_CLOEXEC, 0o644)
+        self._fd = self._fs.open_append(segment.path, create=True)
         self._segments.append(segment)
         self._directory_unsynced = True
 
@@ -452,7 +445,7 @@ class LogStore:
         # The old segment must be complete on disk before a newer one can exist: only the last
         # segment may have a torn tail.
         self.sync()
-        os.close(self._fd)
+        self._fs.close(self._fd)
         self._fd = None
         self._create_segment()
         if self._hard_state is not None:
@@ -469,16 +462,17 @@ class LogStore:
             raise ValueError(f"snapshot index {index} is below the stored one {self._snapshot_index}")
         raw = encode_snapshot(snapshot)
         tmp_path = os.path.join(self._directory, SNAPSHOT_TMP_NAME)
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fs = self._fs
+        fd = fs.open_truncate(tmp_path)
         try:
-            _write_all(fd, raw)
+            self._write_all(fd, raw)
             if self._fsync != FSYNC_NONE:
-                os.fsync(fd)
+                fs.fsync(fd)
                 self.fsyncs += 1
         finally:
-            os.close(fd)
+            fs.close(fd)
         self.bytes_written += len(raw)
-        os.replace(tmp_path, os.path.join(self._directory, SNAPSHOT_NAME))
+        fs.replace(tmp_path, os.path.join(self._directory, SNAPSHOT_NAME))
         self._sync_directory()
         self._snapshot_index = index
         self._last_index = max(self._last_index, index)
@@ -495,7 +489,7 @@ class LogStore:
         # and a record kept never depends on a deleted later one (which could truncate it).
         deleted = False
         while len(self._segments) > 1 and self._segments[0].max_index <= self._snapshot_index:
-            os.unlink(self._segments[0].path)
+            self._fs.unlink(self._segments[0].path)
             del self._segments[0]
             deleted = True
         if deleted:
@@ -505,5 +499,5 @@ class LogStore:
         if self._fd is None:
             return
         self.sync()
-        os.close(self._fd)
+        self._fs.close(self._fd)
         self._fd = None
