@@ -32,6 +32,12 @@ segment (synced, with the hard state) and delete the oldest segments whose entri
 covered, oldest first. Dying at any point leaves either the old snapshot with the full log, or
 the new snapshot with a log whose surviving records replay to the same state.
 
+A directory that `open` creates is made durable in its parent (and so on up), so a power loss
+cannot take away a log that was already synced. All file I/O goes through `fs` (raft/fs.py;
+the simulator passes a simulated disk). The first write or sync error is raised and stops the
+store: from then on appends, syncs and snapshots raise `LogFailed`, as a partial record or an
+fsync that lost its data makes the file's state unknown until a reopen reads it back.
+
 fsync policy "batch": `sync()` fdatasyncs the current segment (the driver calls it once per
 Ready batch, so one fsync covers a whole batch: group commit). "none": never fsync; the OS
 flushes when it likes, so a power loss (not a process crash) can lose the unsynced tail, or
@@ -79,6 +85,11 @@ _RESYNC_CRC_BUDGET_BYTES = 256 << 20
 
 class CorruptLog(Exception):
     """Damage that is not a torn tail: the node must not start on this directory."""
+
+
+class LogFailed(Exception):
+    """An earlier write or sync failed, so what the disk holds is unknown: the store takes no
+    more writes or syncs (close it; a fresh store opened on the directory recovers)."""
 
 
 @dataclass
@@ -159,6 +170,7 @@ class LogStore:
         self._last_index = 0
         self._unsynced = False  # the current segment has writes sync() has not covered
         self._directory_unsynced = False  # a segment file was created since the last sync()
+        self._failed: OSError | None = None  # the first write or sync error; see LogFailed
         # Stats for metrics.
         self.bytes_written = 0  # record and snapshot bytes written to disk
         self.fsyncs = 0  # fsync and fdatasync calls, files and directory
@@ -190,7 +202,8 @@ class LogStore:
         if self._fd is not None:
             raise RuntimeError("log store is already open")
         fs = self._fs
-        fs.makedirs(self._directory)
+        self._failed = None
+        self._make_directory()
         self._unsynced = self._directory_unsynced = False
         tmp_path = os.path.join(self._directory, SNAPSHOT_TMP_NAME)
         if fs.exists(tmp_path):
@@ -241,6 +254,26 @@ class LogStore:
         if self._unsynced:
             self.sync()
         return Recovered(hard_state or HardState(), snapshot, entries, truncated_bytes)
+
+    def _make_directory(self) -> None:
+        """Create the directory and any missing parents, each with its entry made durable:
+        a power loss must not take away a directory whose log a sync already promised."""
+        fs = self._fs
+        missing = []
+        path = os.path.normpath(self._directory)
+        while not fs.exists(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent in ("", path):
+                break
+            path = parent
+        if not missing:
+            return
+        fs.makedirs(self._directory)
+        if self._fsync != FSYNC_NONE:
+            for path in missing:
+                fs.fsync_directory(os.path.dirname(path) or os.curdir)
+                self.fsyncs += 1
 
     def _read_snapshot(self) -> Snapshot | None:
         path = os.path.join(self._directory, SNAPSHOT_NAME)
@@ -357,13 +390,18 @@ class LogStore:
         """
         if self._fd is None:
             raise RuntimeError("log store is not open")
+        if self._failed is not None:
+            self._refuse()
         if entries:
             self._check_indexes(entries)
         write_hard_state = hard_state is not None and hard_state != self._hard_state
         if not entries and not write_hard_state:
             return
-        if self._segments[-1].size_bytes >= self._segment_bytes:
-            self._rotate()
+        try:
+            if self._segments[-1].size_bytes >= self._segment_bytes:
+                self._rotate()
+        except OSError as error:
+            self._fail(error)
         parts: list[bytes] = []
         for entry in entries:
             head = _ENTRY_HEAD.pack(entry.term, entry.index, entry.kind)
@@ -375,8 +413,11 @@ class LogStore:
         if write_hard_state:
             parts.append(self._hard_state_record(hard_state))
             self._hard_state = hard_state
-        self._write(b"".join(parts), len(entries) + write_hard_state,
-                    max((entry.index for entry in entries), default=0))
+        try:
+            self._write(b"".join(parts), len(entries) + write_hard_state,
+                        max((entry.index for entry in entries), default=0))
+        except OSError as error:
+            self._fail(error)
         if entries:
             self._last_index = entries[-1].index
 
@@ -420,12 +461,33 @@ class LogStore:
         """Make everything appended so far durable (a no-op under fsync="none")."""
         if self._fsync == FSYNC_NONE or self._fd is None:
             return
-        if self._unsynced:
-            self._fs.fdatasync(self._fd)
-            self.fsyncs += 1
-            self._unsynced = False
-        if self._directory_unsynced:
-            self._sync_directory()
+        if self._failed is not None:
+            self._refuse()
+        try:
+            if self._unsynced:
+                self._fs.fdatasync(self._fd)
+                self.fsyncs += 1
+                self._unsynced = False
+            if self._directory_unsynced:
+                self._sync_directory()
+        except OSError as error:
+            self._fail(error)
+
+    def _fail(self, error: OSError) -> None:
+        """Stop taking writes after an I/O error, and raise it.
+
+        After a failed write the file may hold part of a record, which any later record
+        would turn from a torn tail into corruption; after a failed fsync the kernel may have
+        dropped the dirty data and a retried fsync can succeed without writing it. Either way
+        only a reopen (which re-reads what is really on disk) can go on safely.
+        """
+        if self._failed is None:
+            self._failed = error
+        raise error
+
+    def _refuse(self) -> None:
+        raise LogFailed(f"the log stopped at an earlier I/O error: {self._failed}") \
+            from self._failed
 
     def _sync_directory(self) -> None:
         self._directory_unsynced = False
@@ -457,10 +519,17 @@ class LogStore:
         """Store the snapshot durably and atomically, then drop segments it covers entirely."""
         if self._fd is None:
             raise RuntimeError("log store is not open")
+        if self._failed is not None:
+            self._refuse()
         index = snapshot.meta.index
         if index < self._snapshot_index:
             raise ValueError(f"snapshot index {index} is below the stored one {self._snapshot_index}")
-        raw = encode_snapshot(snapshot)
+        try:
+            self._write_snapshot(encode_snapshot(snapshot), index)
+        except OSError as error:
+            self._fail(error)
+
+    def _write_snapshot(self, raw: bytes, index: int) -> None:
         tmp_path = os.path.join(self._directory, SNAPSHOT_TMP_NAME)
         fs = self._fs
         fd = fs.open_truncate(tmp_path)
@@ -496,8 +565,12 @@ class LogStore:
             self._sync_directory()
 
     def close(self) -> None:
+        """Sync (unless an I/O error stopped the store) and close."""
         if self._fd is None:
             return
-        self.sync()
-        self._fs.close(self._fd)
-        self._fd = None
+        try:
+            if self._failed is None:
+                self.sync()
+        finally:
+            self._fs.close(self._fd)
+            self._fd = None
