@@ -260,3 +260,54 @@ def test_a_bad_snapshot_of_what_is_kept_is_refused():
         top["down_nodes"] = [bad]
         with pytest.raises(ValueError):
             new_state().restore(msgpack.packb(top, use_bin_type=True))
+
+
+def test_the_service_returns_with_its_memory_and_a_restart_registers_anew(tmp_path):
+    """The real ClusterService registration over a one-node log (tests/test_mount_generation):
+    declared down with keep, the same process returns (NodeReturn), under a new generation,
+    with its replica and bytes; the old ids stay refused. A restarted process (fresh memory)
+    registers with a NodeUp and gets nothing back."""
+    import asyncio
+
+    from test_mount_generation import NODE_ID, incarnation, register
+
+    state = new_state()
+    key = ("ns", "v")
+
+    async def scenario():
+        service = incarnation(state, tmp_path)
+        old_ids = await register(service)
+        other = c.segment_id_of(9, 0, service.raft.propose(c.NodeUp(9, "n9", "c", "p"))
+                                .result())
+        service.raft.propose(c.MountSegment(other, "n9/0", "n9", 4096, 64, 8))
+        service.raft.propose(c.PutStart(key, 8, 2, (f"node{NODE_ID}/0", "n9/0"), None, False,
+                                        False, 1, 10, 3))
+        service.raft.propose(c.PutEnd(key, 1, 10, 10))
+        replica, _ = state.readable(key).replicas
+        assert replica.segment_id == old_ids[0]
+        service._local_view(replica.segment_id, replica.offset, 8)[:] = b"my bytes"
+
+        service.raft.propose(c.NodeDown(NODE_ID, keep_until_ms=60_000))
+        await service._registering  # registers again by itself: a return
+        assert service.stats["returns"] == 1 and service.registered_term >= 0
+        replica = next(r for r in state.readable(key).replicas
+                       if c.node_of_segment(r.segment_id) == NODE_ID)
+        assert c.generation_of_segment(replica.segment_id) == service.mount_generation == 2
+        assert bytes(service._local_view(replica.segment_id, replica.offset, 8)) \
+            == b"my bytes"
+        for segment_id in old_ids:
+            with pytest.raises(MooncakedError) as refused:
+                service._local_view(segment_id, 0, 8)
+            assert refused.value.code == ErrorCode.SEGMENT_NOT_FOUND
+
+        # The process dies (it hears of nothing more) and a new one starts: new memory.
+        restarted = incarnation(state, tmp_path)
+        restarted.raft.propose(c.NodeDown(NODE_ID, keep_until_ms=60_000))
+        assert state.down_nodes
+        await register(restarted)
+        assert restarted.stats["returns"] == 0 and restarted.mount_generation == 3
+        assert [c.node_of_segment(r.segment_id) for r in state.readable(key).replicas] == [9]
+        assert not state.down_nodes
+        state.check_invariants()
+
+    asyncio.run(scenario())
