@@ -1346,7 +1346,8 @@ class StateMachine:
         for item in seq_of(top.get("down_nodes", ()), "down_nodes"):
             node_id, generation, keep_until_ms, kept, parked, held = row(item, 6, "down node")
             need(is_int(node_id) and node_id in nodes and not nodes[node_id].up
-                 and node_id not in down_nodes and generations.get(node_id) == generation
+                 and node_id not in down_nodes and is_int(generation)
+                 and generations.get(node_id) == generation
                  and is_int(keep_until_ms) and keep_until_ms > 0, f"bad down node {node_id!r:.40}")
             record = DownNode(node_id, generation, keep_until_ms)
             for segment_item in seq_of(kept, "kept segments"):
