@@ -11,6 +11,10 @@ them back.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -20,6 +24,7 @@ from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import MooncakedError, ObjectNotFound
 from mooncaked.meta.commands import node_of_segment
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = (1, 2, 3)
 TWO = ReplicateConfig(replica_num=2)
 WAIT_S = 60.0  # an upper bound for waits on the cluster, never asserted as a duration
@@ -76,7 +81,15 @@ def cut_off_until_declared_down(cluster: Cluster, partition: Partition, leader: 
     try:
         wait_until(f"node {node} declared down", lambda: (
             (entry := node_entry(cluster, leader, node)) and not entry["up"]))
-        assert node_entry(cluster, leader, node)["kept_replicas"] > 0
+        kept = node_entry(cluster, leader, node)["kept_replicas"]
+        assert kept > 0
+        shown = subprocess.run([sys.executable, "-m", "mooncaked.ctl", "-a",
+                                cluster.nodes[leader].tcp_address, "-o", "json", "cluster",
+                                "members"], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+        assert shown.returncode == 0, shown.stderr
+        members = {m["node_id"]: m for m in json.loads(shown.stdout)}
+        assert members[node]["kept_replicas"] == kept and not members[node]["up"]
     finally:
         partition.heal()
     wait_until(f"node {node} registered again", lambda: (
