@@ -122,6 +122,7 @@ def test_a_node_cut_off_past_its_ttl_returns_with_its_replicas(partition):
             and all(len(n) == 2 for n in found.values()) and found))
         assert restored == placed
         assert node_entry(cluster, leader, cut)["kept_replicas"] == 0
+        assert cluster.status(cut)["returns"] == 1
         # The node serves its restored replicas itself.
         with cluster.client(cut) as client:
             for key in on_cut:
@@ -196,5 +197,42 @@ def test_a_returning_node_with_repair_on_leaves_no_extra_replica_nor_leaked_rang
 
         # Freed once their deadlines (read leases, put timeouts) pass and the sweep runs.
         wait_until("every segment empty", lambda: not any(used().values()))
+    finally:
+        cluster.close()
+
+
+def test_after_node_return_grace_ms_a_returning_node_gets_nothing_back(partition):
+    """The grace bounds what is kept: once it has passed, the leader drops it, and the node,
+    back with its memory, registers anew with empty segments (repair off: the values it held
+    keep the one replica they have left)."""
+    cluster = Cluster(3, cluster={"repair_bytes_per_s": 0, "node_return_grace_ms": 500})
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        cut = next(i for i in NODES if i != leader)
+        keys = [f"g{i}" for i in range(20)]
+        with cluster.client(leader) as client:
+            for i, key in enumerate(keys):
+                assert client.put(key, value_of(i), TWO) is True
+        placed = replicas_by_key(cluster, leader, keys)
+        on_cut = [key for key, nodes in placed.items() if cut in nodes]
+        assert on_cut
+        generation = cluster.status(cut)["mount_generation"]
+        partition.isolate(cut, list(NODES))
+        try:
+            wait_until(f"node {cut} declared down and what it held dropped", lambda: (
+                (entry := node_entry(cluster, leader, cut)) and not entry["up"]
+                and entry["kept_replicas"] == 0))
+        finally:
+            partition.heal()
+        wait_until(f"node {cut} registered again", lambda: (
+            (status := cluster.status(cut)) and status["registered"]
+            and status["mount_generation"] != generation))
+        assert cluster.status(cut)["returns"] == 0
+        found = replicas_by_key(cluster, leader, keys)
+        assert all(found[key] == [n for n in placed[key] if n != cut] for key in on_cut)
+        with cluster.client(cut) as client:
+            for i, key in enumerate(keys):
+                assert client.get(key) == value_of(i), key
     finally:
         cluster.close()
