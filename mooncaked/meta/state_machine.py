@@ -296,7 +296,7 @@ class StateMachine:
         keep = None
         if not cmd.keep_until_ms:
             self.down_nodes.pop(cmd.node_id, None)  # dropped with their allocators
-        elif own and cmd.node_id not in self.down_nodes:
+        elif node is not None and own and cmd.node_id not in self.down_nodes:
             generations = {c.generation_of_segment(s.segment_id) for s in own}
             if len(generations) == 1 and None not in generations:
                 keep = DownNode(cmd.node_id, generations.pop(), cmd.keep_until_ms)
@@ -380,12 +380,17 @@ class StateMachine:
     # -- segments ---------------------------------------------------------------------------
 
     def _mount_segment(self, cmd: c.MountSegment) -> None:
-        kept = self.down_nodes.get(c.node_of_segment(cmd.segment_id))
-        if cmd.segment_id in self.segments or (kept is not None and any(
-                s.segment_id == cmd.segment_id for s in kept.segments)):
+        if cmd.segment_id in self.segments:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {cmd.segment_id}")
         node_id = c.node_of_segment(cmd.segment_id)
         generation = c.generation_of_segment(cmd.segment_id)
+        kept = self.down_nodes.get(node_id)
+        if kept is not None and generation == kept.generation:
+            # A late mount of the registration whose segments are kept for the node's return:
+            # the node is down, and its return mounts exactly the kept ones.
+            raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS,
+                                 f"segment {cmd.segment_id}: node {node_id} is down, its "
+                                 f"mount generation {generation} kept for its return")
         current = self.generations.get(node_id)
         if generation is not None and current is not None and generation != current:
             # A mount of an earlier registration, committed after a later NodeUp of the node.
