@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -234,5 +235,45 @@ def test_after_node_return_grace_ms_a_returning_node_gets_nothing_back(partition
         with cluster.client(cut) as client:
             for i, key in enumerate(keys):
                 assert client.get(key) == value_of(i), key
+    finally:
+        cluster.close()
+
+
+def test_a_node_paused_past_its_ttl_returns_with_its_replicas():
+    """The same without nftables: a follower stopped (SIGSTOP) until the leader declares it
+    down, then resumed, is back with the replicas it held (repair off)."""
+    cluster = Cluster(3, cluster={"repair_bytes_per_s": 0})
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        paused = next(i for i in NODES if i != leader)
+        keys = [f"p{i}" for i in range(20)]
+        with cluster.client(leader) as client:
+            for i, key in enumerate(keys):
+                assert client.put(key, value_of(i), TWO) is True
+        placed = replicas_by_key(cluster, leader, keys)
+        assert any(paused in nodes for nodes in placed.values())
+        generation = cluster.status(paused)["mount_generation"]
+        pid = cluster.nodes[paused].process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(f"node {paused} declared down", lambda: (
+                (entry := node_entry(cluster, leader, paused)) and not entry["up"]
+                and entry["kept_replicas"] > 0))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(f"node {paused} back", lambda: (
+            (status := cluster.status(paused)) and status["registered"]
+            and status["mount_generation"] != generation))
+        assert cluster.status(paused)["returns"] == 1, cluster.nodes[paused].log()[-4000:]
+        ask = cluster.wait_for_leader()
+        restored = wait_until("every value back to two replicas", lambda: (
+            (found := replicas_by_key(cluster, ask, keys))
+            and all(len(n) == 2 for n in found.values()) and found))
+        assert restored == placed
+        for node in NODES:
+            with cluster.client(node) as client:
+                for i, key in enumerate(keys):
+                    assert client.get(key) == value_of(i), f"{key} through node {node}"
     finally:
         cluster.close()

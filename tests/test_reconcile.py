@@ -120,11 +120,25 @@ def test_a_restarted_node_gets_nothing_back():
                                 1 << 20, 64, 256))
     assert node_segment(state, 1).allocator.allocation_count == 0
     assert nodes_of(state, "v") == [2]
-    # The old process's late return, with its generation or the new one: nothing changes.
+    # The old process's late return, with its generation or the new one: nothing changes
+    # (the first answers the generation the node is up under, as to a repeat).
     before = state.digest()  # (a command's now_ms at most the log's clock: it stays)
-    assert apply(state, c.NodeReturn(1, generation, 10, 40)) == 0
+    assert apply(state, c.NodeReturn(1, generation, 10, 40)) == new_generation
     assert apply(state, c.NodeReturn(1, new_generation, 10, 40)) == 0
     assert state.digest() == before and nodes_of(state, "v") == [2]
+
+
+def test_a_repeated_return_answers_the_same_generation_and_changes_nothing():
+    """The node asks again when the first answer was lost (OUTCOME_UNKNOWN): before, the
+    repeat answered 0 and the node registered anew, dropping the replicas just restored."""
+    state = cluster()
+    put(state, "v", (1, 2), now_ms=10)
+    generation = state.generations[1]
+    apply(state, c.NodeDown(1, keep_until_ms=60_000))
+    assert apply(state, c.NodeReturn(1, generation, 10, 40)) == generation + 1
+    before = state.digest()
+    assert apply(state, c.NodeReturn(1, generation, 10, 40)) == generation + 1
+    assert state.digest() == before and nodes_of(state, "v") == [1, 2]
 
 
 def test_a_return_with_another_generation_changes_nothing():

@@ -206,7 +206,10 @@ class NodeReturn:
     refused), and each replica it held goes back into its value if that version is still the
     readable one and has fewer replicas than its replica_num; every other range it held is
     freed after `release_at_ms` (read leases granted before it went down). Result: the new
-    generation, or 0 when nothing was kept (the node registers anew, with a NodeUp)."""
+    generation, or 0 when nothing was kept (the node registers anew, with a NodeUp). A repeat
+    (the node asks again after an unknown outcome) finds the node up under the next
+    generation: it answers that generation and changes nothing (what the log says the
+    node's segments hold is right whether the first one or a NodeUp got there)."""
     node_id: int
     generation: int  # the one its segments had: proves it is the same process
     now_ms: int

@@ -313,10 +313,16 @@ class StateMachine:
         Returns the new generation, or 0 (nothing kept for it: nothing changes)."""
         kept = self.down_nodes.get(cmd.node_id)
         node = self.nodes.get(cmd.node_id)
+        generation = cmd.generation + 1
+        if kept is None and node is not None and node.up \
+                and self.generations.get(cmd.node_id) == generation:
+            # Up under the next generation already: this return was applied before (a retry
+            # after an unknown outcome), or the node registered anew since. Either way the
+            # log's view of the node's memory is right: nothing changes.
+            return generation
         if kept is None or node is None or kept.generation != cmd.generation \
                 or self.generations.get(cmd.node_id) != cmd.generation:
             return 0
-        generation = cmd.generation + 1
         if generation > c.MAX_GENERATION:
             return 0
         del self.down_nodes[cmd.node_id]
