@@ -329,12 +329,14 @@ class StateMachine:
         self.generations[cmd.node_id] = generation
         node.up = True
         renamed: dict[int, int] = {}
-        for segment in kept.segments:
-            new_id = c.segment_id_of(cmd.node_id, c.slot_of_segment(segment.segment_id),
+        for old in kept.segments:
+            # A new Segment over the kept allocator: whoever still holds the old one (a repair
+            # task's targets) sees it unmounted, under its old id.
+            new_id = c.segment_id_of(cmd.node_id, c.slot_of_segment(old.segment_id),
                                      generation)
-            renamed[segment.segment_id] = new_id
-            segment.segment_id = new_id
-            segment.mounted = True
+            renamed[old.segment_id] = new_id
+            segment = Segment(new_id, old.name, old.node_name, old.size_bytes, old.allocator,
+                              old.pool_namespace)
             self.segments[new_id] = segment
             self.segment_list.append(segment)
         self._index_pools()
