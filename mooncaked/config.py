@@ -164,8 +164,12 @@ class ClusterConfig:
                           doc="linearizable reads: lease = the leader's check-quorum lease; "
                           "safe = a heartbeat round per batch of reads")
     node_ttl_ms: int = _key(5000, 100, 3_600_000, unit="ms",
-                            doc="a node silent this long is declared down and its replicas "
-                            "dropped")
+                            doc="a node silent this long is declared down: its replicas "
+                            "leave reads and placement (repair copies them elsewhere)")
+    node_return_grace_ms: int = _key(600_000, 0, 86_400_000, unit="ms",
+                                     doc="how long the log keeps what a node declared down "
+                                     "held, for its return with its memory (a partition, a "
+                                     "pause); 0 = dropped at once")
     snapshot_entries: int = _key(10_000, 1, 1 << 30,
                                  doc="applied entries between state machine snapshots")
     max_pending_proposals: int = _key(10_000, 1, 1 << 24,

@@ -16,7 +16,7 @@ wire/PROTOCOL.md section 5.3.
     quota ls                     each namespace's usage and limits
     quota set NS [--max-bytes N] [--max-objects N]   set a namespace's limits (NS "*": default)
     cluster status               this node's view of the cluster: role, leader, term, log
-    cluster members              the nodes: id, name, voter / learner, up, segments
+    cluster members              the nodes: id, name, voter / learner, up, segments, kept
     cluster add ID HOST:PORT     add a node (as a learner, promoted once caught up)
     cluster remove ID            remove a node from the cluster
     cluster transfer-leader ID   hand leadership to another voter
@@ -464,7 +464,8 @@ def cluster_status(settings: Settings) -> None:
 @cluster.command("members")
 @click.pass_obj
 def cluster_members(settings: Settings) -> None:
-    """Every node the cluster knows: id, name, role, up, addresses, segments."""
+    """Every node the cluster knows: id, name, role, up, addresses, segments, and the
+    replicas kept for a node declared down until it returns."""
     with connected(settings) as client:
         data = _cluster_status(client)
     voters, learners = set(data["voters"]), set(data["learners"])
@@ -479,11 +480,14 @@ def cluster_members(settings: Settings) -> None:
                         "up": node.get("up", False),
                         "client_address": node.get("client_address", ""),
                         "peer_address": node.get("peer_address", ""),
-                        "segments": node.get("segments", 0)})
+                        "segments": node.get("segments", 0),
+                        "kept_replicas": node.get("kept_replicas", 0)})
     rows = [[m["node_id"], m["name"], m["role"], "yes" if m["up"] else "no",
-             m["client_address"], m["peer_address"], m["segments"]] for m in members]
+             m["client_address"], m["peer_address"], m["segments"], m["kept_replicas"]]
+            for m in members]
     emit(settings, members, format_table(
-        ["ID", "NAME", "ROLE", "UP", "CLIENT_ADDRESS", "PEER_ADDRESS", "SEGMENTS"], rows))
+        ["ID", "NAME", "ROLE", "UP", "CLIENT_ADDRESS", "PEER_ADDRESS", "SEGMENTS",
+         "KEPT_REPLICAS"], rows))
 
 
 def _node_command(settings: Settings, method: str, params: list, node_id: int) -> None:

@@ -94,6 +94,7 @@ def incarnation(state: StateMachine, tmp_path) -> ClusterService:
     service.peer_address = "127.0.0.1:2"
     service.raft = OneNodeLog(state)
     service.raft.on_applied = service._applied
+    service.master = SimpleNamespace(now_ms=lambda: state.clock_ms, lease_ttl_ms=100)
     return service
 
 

@@ -572,7 +572,7 @@ def test_a_snapshot_of_format_2_restores_with_the_built_settings():
         apply(leader, command)
     top = msgpack.unpackb(leader.snapshot(), raw=False)
     top["format"] = 2
-    del top["settings_from_log"], top["generations"], top["preempted"]
+    del top["settings_from_log"], top["generations"], top["preempted"], top["down_nodes"]
     for row in top["objects"]:
         del row[8]  # pending_upsert: format 3
     top["config"] = [5, 1, 2, "random"]  # the config of the node that took it
@@ -613,7 +613,7 @@ def _garbage_snapshots(good: bytes):
     def set_field(name, value):
         return mutated(lambda t: t.__setitem__(name, value))
 
-    yield set_field("format", 4)
+    yield set_field("format", 5)
     yield set_field("config", [1, 2, 3, "nowhere_first"])
     yield set_field("config", [0, 2, 3, "random"])
     yield set_field("config", [1, 5, 3, "random"])  # discard after release

@@ -130,6 +130,7 @@ _SHAPES: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "set_quota": (("namespace", _quota_namespace), ("max_bytes", _limit),
                   ("max_objects", _limit)),
     "register": (("commands", _registration),),
+    "return": (("node_id", _node_id), ("generation", lambda v: _int(v, 1))),
     "join": (("node_id", _node_id), ("address", _str)),
     "leave": (("node_id", _node_id),),
     "remove_member": (("node_id", _node_id),),

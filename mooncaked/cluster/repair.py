@@ -1,7 +1,10 @@
 """Replica repair: the leader restores `replica_num` after a node is lost.
 
-When a node is declared down (NodeDown), its replicas are dropped from the log, and values it
-held have fewer replicas than their put asked for. The leader queues every readable version
+When a node is declared down (NodeDown), its replicas leave the values' replica lists (kept
+aside for its return, meta/state_machine.py DownNode), and values it held have fewer replicas
+than their put asked for. Repair does not wait for a return: a returning node's replica is
+put back only where the value still lacks one (AddReplicas and NodeReturn both stay within
+replica_num, so neither counts twice). The leader queues every readable version
 that lacks replicas the cluster could hold now (a node with a segment of the key's pool and no
 replica of the value), and copies each one:
 

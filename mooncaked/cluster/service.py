@@ -8,12 +8,25 @@
   data links), never through the leader. Values above `stripe_bytes` are split over the
   `data_connections` links and sent in parallel.
 - The leader declares a node down when it has heard nothing from it for `node_ttl_ms`
-  (NodeDown: its segments and their replicas are dropped), promotes learners once they have
-  caught up, and runs the expiry and eviction sweep.
+  (NodeDown: its segments and their replicas leave reads and placement), promotes learners
+  once they have caught up, and runs the expiry and eviction sweep.
+- Reconciliation: a silent member may be cut off or paused, not lost. Its NodeDown keeps what
+  it held for `node_return_grace_ms` (meta/state_machine.py DownNode): its ranges stay
+  allocated, its replicas parked. When the same process comes back (it still holds the mount
+  generation its segments had) it proposes NodeReturn instead of a NodeUp, and gets back,
+  under a new generation, the replicas of values whose version is still the readable one and
+  lacks replicas (repair may have restored them meanwhile; then its copies are freed). A
+  restarted process has new memory: it registers with a NodeUp, which drops what was kept.
+  After the grace the leader drops it (ReleaseDownNode), as it does for a node removed.
+  Why a returning node's bytes can be trusted: every range it held stayed allocated while it
+  was down, so nothing was placed in that memory; writes only ever go to unfinished puts'
+  ranges, never a readable version's; and any request that names the old generation, late
+  by however long, is refused once it is back.
 - The leader restores replica_num after a node is declared down, copying the values that lost
   a replica to other nodes (cluster/repair.py).
 - Each node registers itself (NodeUp, then MountSegment for each of its segments) once a
-  leader is known, and again whenever the log says it was declared down.
+  leader is known, and again whenever the log says it was declared down (first trying to
+  return with its memory, NodeReturn).
 - The `[store]` values the state machine decides by (max_objects, the put timeouts,
   allocation_strategy) are replicated state too (SetStoreSettings): the first leader of a new
   cluster proposes its config's; a node whose config says otherwise logs which keys differ and
@@ -130,7 +143,8 @@ class ClusterService:
         self._leader_since = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
-                      "replica_read_failovers": 0, "nodes_declared_down": 0}
+                      "replica_read_failovers": 0, "nodes_declared_down": 0,
+                      "returns": 0}
         self.repair = ReplicaRepair(self)
 
     # -- start and stop -----------------------------------------------------------------------
@@ -280,10 +294,12 @@ class ClusterService:
             self._compare_store_settings()
         if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment)):
             self._check_own_segments()
-        if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment, c.MountSegment)):
+        if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment, c.MountSegment,
+                                c.NodeReturn)):
             self.repair.state_changed()
         if isinstance(command, c.NodeUp):
             self.addresses[command.node_id] = command.peer_address
+        if isinstance(command, (c.NodeUp, c.NodeReturn)):
             # It has just registered: its silence is counted from here, not from before it
             # (re)started, or the leader declares it down again at once.
             self.raft.last_contact[command.node_id] = time.monotonic()
@@ -380,8 +396,10 @@ class ClusterService:
                 segments.max_allocations))
         while True:
             try:
-                generation = await self.meta(
-                    "register", [[command_codec.encode(x) for x in commands]])
+                generation = await self._return() if self.mount_generation else 0
+                if not generation:
+                    generation = await self.meta(
+                        "register", [[command_codec.encode(x) for x in commands]])
                 if type(generation) is not int or not 1 <= generation <= c.MAX_GENERATION:
                     raise MooncakedError(ErrorCode.INTERNAL_ERROR,
                                          f"the leader answered generation {generation!r:.40}")
@@ -405,6 +423,24 @@ class ClusterService:
                     return
                 log.info("registration: %s; retrying", exc.message)
                 await asyncio.sleep(self.cluster_config.tick_ms * 2 / 1000)
+
+    async def _return(self) -> int:
+        """This process registered before and still has its memory: ask the log for what it
+        kept of this node (NodeReturn). The new generation, or 0 when nothing was kept (then
+        this node registers anew, its memory counted as empty)."""
+        generation = await self.meta("return", [self.node_id, self.mount_generation])
+        if type(generation) is not int or not 0 <= generation <= c.MAX_GENERATION:
+            raise MooncakedError(ErrorCode.INTERNAL_ERROR,
+                                 f"the leader answered generation {generation!r:.40}")
+        if generation:
+            self.stats["returns"] += 1
+            log.warning("declared down, back with its memory: the replicas the log kept of "
+                        "this node are restored, under mount generation %d", generation)
+        else:
+            log.warning("declared down, and the log keeps nothing of this node's segments "
+                        "(node_return_grace_ms passed, or it was dropped): registering anew")
+            self.mount_generation = 0
+        return generation
 
     async def _join(self) -> None:
         """Ask the cluster (through any member) to add this node as a learner."""
@@ -483,8 +519,11 @@ class ClusterService:
             log.debug("leader duties: %s", exc.message)
 
     async def _check_liveness(self) -> None:
+        """Declare silent nodes down (what they held kept for node_return_grace_ms, unless
+        they are no members), and drop what is kept once the grace has passed."""
         state = self.daemon.master.state
         ttl_s = self.cluster_config.node_ttl_ms / 1000
+        grace_ms = self.cluster_config.node_return_grace_ms
         now = time.monotonic()
         members = set(self.raft.core.conf_state.voters) | set(self.raft.core.conf_state.learners)
         for node in list(state.nodes.values()):
@@ -495,7 +534,14 @@ class ClusterService:
                 log.warning("node %d (%s) silent for %.1f s: declaring it down", node.node_id,
                             node.name, now - last)
                 self.stats["nodes_declared_down"] += 1
-                await self.raft.propose(c.NodeDown(node.node_id))
+                keep_until_ms = self.master.now_ms() + grace_ms \
+                    if grace_ms and node.node_id in members else 0
+                await self.raft.propose(c.NodeDown(node.node_id, keep_until_ms))
+        for kept in list(state.down_nodes.values()):
+            if kept.keep_until_ms <= self.master.now_ms() or kept.node_id not in members:
+                log.warning("node %d did not return within node_return_grace_ms: the %d "
+                            "replicas kept for it are dropped", kept.node_id, len(kept.parked))
+                await self.raft.propose(c.ReleaseDownNode(kept.node_id, kept.generation))
 
     async def _seed_quotas(self, term: int) -> None:
         """Propose this node's configured quotas for namespaces the log has none for."""
@@ -659,6 +705,13 @@ class ClusterService:
             return 0
         if method == "register":
             return await self._register_node(params[0])
+        if method == "return":
+            node_id, generation = params
+            now = master.now_ms()
+            # A kept replica whose version ended meanwhile may still be under a read lease
+            # granted before the node went down: freed only after one lease TTL.
+            return await self.raft.propose(c.NodeReturn(node_id, generation, now,
+                                                        now + master.lease_ttl_ms))
         if method == "set_store_settings":
             await self.raft.read_barrier()  # None keeps the value the log has now
             state = self.daemon.master.state
@@ -959,6 +1012,7 @@ class ClusterService:
             "nodes": [{"node_id": n.node_id, "name": n.name, "up": n.up,
                        "client_address": n.client_address, "peer_address": n.peer_address,
                        "segments": sum(1 for s in state.segments
-                                       if c.node_of_segment(s) == n.node_id)}
+                                       if c.node_of_segment(s) == n.node_id),
+                       "kept_replicas": state.kept_replicas(n.node_id)}
                       for n in state.nodes.values()],
             "raft": raft, "repair": self.repair.status(), **self.stats}

@@ -33,6 +33,8 @@ TAGS: dict[type, int] = {
     c.AddReplicas: 13,
     c.MoveCommit: 14,
     c.SetStoreSettings: 15,
+    c.NodeReturn: 16,
+    c.ReleaseDownNode: 17,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}

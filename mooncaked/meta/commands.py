@@ -185,8 +185,44 @@ class NodeUp:
 
 @dataclass(frozen=True, slots=True)
 class NodeDown:
-    """A node left or went silent past its TTL: its segments and their replicas are dropped."""
+    """A node left or went silent past its TTL: its segments leave placement and reads.
+
+    keep_until_ms 0: its segments and their replicas are dropped. Otherwise (a silent member,
+    which may come back with its memory: `[cluster] node_return_grace_ms`) what it held is
+    kept aside until then, its ranges still allocated, for a NodeReturn (StateMachine
+    `down_nodes`). Last, with a default, so entries written before it still decode."""
     node_id: int
+    keep_until_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReturn:
+    """A node declared down is back with the memory it had: the same process, which still
+    holds the mount generation its segments had when it was declared down.
+
+    Applied only while the log keeps that node's segments for that generation (NodeDown with
+    keep_until_ms, no NodeUp or ReleaseDownNode since). The segments are mounted again under a
+    new generation (the node's next, as for a NodeUp: a request naming the old one stays
+    refused), and each replica it held goes back into its value if that version is still the
+    readable one and has fewer replicas than its replica_num; every other range it held is
+    freed after `release_at_ms` (read leases granted before it went down). Result: the new
+    generation, or 0 when nothing was kept (the node registers anew, with a NodeUp). A repeat
+    (the node asks again after an unknown outcome) finds the node up under the next
+    generation: it answers that generation and changes nothing (what the log says the
+    node's segments hold is right whether the first one or a NodeUp got there)."""
+    node_id: int
+    generation: int  # the one its segments had: proves it is the same process
+    now_ms: int
+    release_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseDownNode:
+    """A node declared down did not return in time (or is no member any more): what the log
+    kept for it (NodeDown keep_until_ms) is dropped, as a NodeDown without keep would have.
+    Applied only if what is kept is for `generation`."""
+    node_id: int
+    generation: int
 
 
 # Namespace quotas (wire/PROTOCOL.md 5.3, README "Quotas"). A namespace is what a client names

@@ -11,6 +11,9 @@ Invariants it keeps (checked by `check_invariants`, used by the tests):
   release list; freeing happens only through `_release`;
 - a preempted upsert (`PreemptedWrite`) owns nothing: its ranges wait in the deferred list,
   and its record lives exactly as long as they may (until their release deadline);
+- the segments of a node declared down that the log keeps for its return (`down_nodes`) are
+  in neither `segments` nor `segment_list`, and nothing else names them: every live range of
+  theirs is owned by exactly one of the record's parked replicas and held ranges;
 - `usage` is, per namespace, the sum over its objects' complete and pending versions of size x
   replicas (reservations count against the namespace of the connection holding them) and the
   number of its objects; quotas (`SetQuota`) bound what a put may add to it.
@@ -84,6 +87,42 @@ class Version:
         self.writer_id = writer_id
         self.started_ms = started_ms
         self.replica_num = replica_num
+
+
+class ParkedReplica:
+    """A replica a node declared down held of a readable version, named by that version."""
+    __slots__ = ("key", "writer_id", "started_ms", "size_bytes", "replica")
+
+    def __init__(self, key: c.ObjectKey, writer_id: int, started_ms: int, size_bytes: int,
+                 replica: Replica) -> None:
+        self.key = key
+        self.writer_id = writer_id
+        self.started_ms = started_ms
+        self.size_bytes = size_bytes
+        self.replica = replica
+
+
+class DownNode:
+    """What a node declared down held, kept for its return (NodeDown keep_until_ms).
+
+    Reconciliation: the node may have been cut off, not lost, and come back with its memory.
+    Its segments leave placement and reads at once (as if unmounted), but their allocators are
+    kept with every range still allocated, so nothing is placed in memory that still holds its
+    values. `parked`: its replicas of readable versions, which a NodeReturn puts back where the
+    version is still the readable one and lacks replicas; `held`: ranges of unfinished writes
+    and of deferred releases, (release_at_ms, replica), freed no earlier than their deadline.
+    A NodeUp of the node (a restart: new memory), a NodeDown without keep, or ReleaseDownNode
+    drops it all, as a plain NodeDown always did.
+    """
+    __slots__ = ("node_id", "generation", "keep_until_ms", "segments", "parked", "held")
+
+    def __init__(self, node_id: int, generation: int, keep_until_ms: int) -> None:
+        self.node_id = node_id
+        self.generation = generation  # of its segments when it went down
+        self.keep_until_ms = keep_until_ms
+        self.segments: list[Segment] = []  # in the order they had in segment_list
+        self.parked: list[ParkedReplica] = []
+        self.held: list[tuple[int, Replica]] = []
 
 
 class ObjectEntry:
@@ -181,6 +220,8 @@ class StateMachine:
         self.generations: dict[int, int] = {}
         self.segments: dict[int, Segment] = {}
         self.segment_list: list[Segment] = []
+        # Nodes declared down whose segments are kept for their return, by node id.
+        self.down_nodes: dict[int, DownNode] = {}
         # Namespaces with a pool of their own (a mounted segment whose pool_namespace they
         # are): their objects are placed in it alone, everyone else's in the shared pool.
         self.pool_namespaces: set[str] = set()
@@ -214,6 +255,8 @@ class StateMachine:
             c.ReleaseExpired: self._release_expired,
             c.NodeUp: self._node_up,
             c.NodeDown: self._node_down,
+            c.NodeReturn: self._node_return,
+            c.ReleaseDownNode: self._release_down_node,
             c.SetQuota: self._set_quota,
             c.AddReplicas: self._add_replicas,
             c.MoveCommit: self._move_commit,
@@ -243,14 +286,104 @@ class StateMachine:
         return generation
 
     def _node_down(self, cmd: c.NodeDown) -> int:
-        """Mark the node down and drop its segments; returns the objects left with no replica."""
+        """Mark the node down and take its segments out of placement and reads: dropped, or
+        with keep_until_ms kept aside for its return (DownNode). Returns the objects left
+        with no replica."""
         node = self.nodes.get(cmd.node_id)
         if node is not None:
             node.up = False
+        own = [s for s in self.segment_list if c.node_of_segment(s.segment_id) == cmd.node_id]
+        keep = None
+        if not cmd.keep_until_ms:
+            self.down_nodes.pop(cmd.node_id, None)  # dropped with their allocators
+        elif node is not None and own and cmd.node_id not in self.down_nodes:
+            generations = {c.generation_of_segment(s.segment_id) for s in own}
+            if len(generations) == 1 and None not in generations:
+                keep = DownNode(cmd.node_id, generations.pop(), cmd.keep_until_ms)
         lost = 0
-        for segment_id in [s for s in self.segments if c.node_of_segment(s) == cmd.node_id]:
-            lost += self._unmount_segment(c.UnmountSegment(segment_id))
+        for segment in own:
+            lost += self._unmount_segment(c.UnmountSegment(segment.segment_id), keep)
+        if keep is not None:
+            self.down_nodes[cmd.node_id] = keep
         return lost
+
+    def _node_return(self, cmd: c.NodeReturn) -> int:
+        """The node is back with its memory (c.NodeReturn): its kept segments are mounted
+        again under its next generation and its replicas of still readable versions restored.
+        Returns the new generation, or 0 (nothing kept for it: nothing changes)."""
+        kept = self.down_nodes.get(cmd.node_id)
+        node = self.nodes.get(cmd.node_id)
+        generation = cmd.generation + 1
+        if kept is None and node is not None and node.up \
+                and self.generations.get(cmd.node_id) == generation:
+            # Up under the next generation already: this return was applied before (a retry
+            # after an unknown outcome), or the node registered anew since. Either way the
+            # log's view of the node's memory is right: nothing changes.
+            return generation
+        if kept is None or node is None or kept.generation != cmd.generation \
+                or self.generations.get(cmd.node_id) != cmd.generation:
+            return 0
+        if generation > c.MAX_GENERATION:
+            return 0
+        del self.down_nodes[cmd.node_id]
+        self.generations[cmd.node_id] = generation
+        node.up = True
+        renamed: dict[int, int] = {}
+        for old in kept.segments:
+            # A new Segment over the kept allocator: whoever still holds the old one (a repair
+            # task's targets) sees it unmounted, under its old id.
+            new_id = c.segment_id_of(cmd.node_id, c.slot_of_segment(old.segment_id),
+                                     generation)
+            renamed[old.segment_id] = new_id
+            segment = Segment(new_id, old.name, old.node_name, old.size_bytes, old.allocator,
+                              old.pool_namespace)
+            self.segments[new_id] = segment
+            self.segment_list.append(segment)
+        self._index_pools()
+
+        def moved(replica: Replica) -> Replica:
+            return Replica(renamed[replica.segment_id], replica.offset, replica.handle)
+
+        released: list[Replica] = []
+        for parked in kept.parked:
+            replica = moved(parked.replica)
+            entry = self.objects.get(parked.key)
+            version = entry.complete if entry is not None else None
+            if version is not None and version.writer_id == parked.writer_id \
+                    and version.started_ms == parked.started_ms \
+                    and version.size_bytes == parked.size_bytes \
+                    and len(version.replicas) < version.replica_num \
+                    and self.segments[replica.segment_id].pool_namespace \
+                    == self.pool_of(parked.key[0]) \
+                    and all(r.segment_id != replica.segment_id for r in version.replicas):
+                # A new list: readers in flight keep the replica list they were given.
+                version.replicas = version.replicas + [replica]
+                self._charge(parked.key, version.size_bytes)
+            else:
+                # Its version ended (upsert, remove, eviction) or was repaired to its
+                # replica_num meanwhile: a surplus copy, freed once no lease can cover it.
+                released.append(replica)
+        if released:
+            self._defer(released, cmd.release_at_ms)
+        by_deadline: dict[int, list[Replica]] = {}
+        for release_at_ms, replica in kept.held:
+            by_deadline.setdefault(max(release_at_ms, cmd.now_ms), []).append(moved(replica))
+        for release_at_ms, replicas in by_deadline.items():
+            self._defer(replicas, release_at_ms)
+        return generation
+
+    def _release_down_node(self, cmd: c.ReleaseDownNode) -> bool:
+        """Drop what is kept for a node declared down (c.ReleaseDownNode); whether it was."""
+        kept = self.down_nodes.get(cmd.node_id)
+        if kept is None or kept.generation != cmd.generation:
+            return False
+        del self.down_nodes[cmd.node_id]
+        return True
+
+    def kept_replicas(self, node_id: int) -> int:
+        """Replicas the log keeps for a node declared down, for its return."""
+        kept = self.down_nodes.get(node_id)
+        return len(kept.parked) if kept is not None else 0
 
     # -- segments ---------------------------------------------------------------------------
 
@@ -259,6 +392,13 @@ class StateMachine:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {cmd.segment_id}")
         node_id = c.node_of_segment(cmd.segment_id)
         generation = c.generation_of_segment(cmd.segment_id)
+        kept = self.down_nodes.get(node_id)
+        if kept is not None and generation == kept.generation:
+            # A late mount of the registration whose segments are kept for the node's return:
+            # the node is down, and its return mounts exactly the kept ones.
+            raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS,
+                                 f"segment {cmd.segment_id}: node {node_id} is down, its "
+                                 f"mount generation {generation} kept for its return")
         current = self.generations.get(node_id)
         if generation is not None and current is not None and generation != current:
             # A mount of an earlier registration, committed after a later NodeUp of the node.
@@ -285,18 +425,34 @@ class StateMachine:
             return self.segment_list  # no namespace pools: every segment is shared
         return [s for s in self.segment_list if s.pool_namespace == pool]
 
-    def _unmount_segment(self, cmd: c.UnmountSegment) -> int:
-        """Drop the segment and every replica on it; objects left without one are erased."""
+    def _unmount_segment(self, cmd: c.UnmountSegment, keep: DownNode | None = None) -> int:
+        """Drop the segment and every replica on it; objects left without one are erased.
+
+        With `keep`, the same for everything else, but the segment and its ranges go into
+        `keep` (still allocated) instead of being forgotten."""
         segment = self.segments.pop(cmd.segment_id, None)
         if segment is None:
             return 0
         segment.mounted = False
         self.segment_list.remove(segment)
         self._index_pools()
+        if keep is not None:
+            keep.segments.append(segment)
         lost = 0
         for key, entry in list(self.objects.items()):
             for version in (entry.complete, entry.pending):
                 if version is not None:
+                    if keep is not None:
+                        for r in version.replicas:
+                            if r.segment_id != cmd.segment_id:
+                                continue
+                            if version is entry.complete:
+                                keep.parked.append(ParkedReplica(
+                                    key, version.writer_id, version.started_ms,
+                                    version.size_bytes, r))
+                            else:  # its writer may still be copying into it
+                                keep.held.append(
+                                    (version.started_ms + self.release_timeout_ms, r))
                     before = _version_bytes(version)
                     version.replicas = [r for r in version.replicas
                                         if r.segment_id != cmd.segment_id]
@@ -312,6 +468,9 @@ class StateMachine:
                 lost += 1
         kept = []
         for release_at, seq, replicas in self._deferred:
+            if keep is not None:
+                keep.held.extend((release_at, r) for r in replicas
+                                 if r.segment_id == cmd.segment_id)
             replicas = [r for r in replicas if r.segment_id != cmd.segment_id]
             if replicas:
                 kept.append((release_at, seq, replicas))
@@ -872,6 +1031,23 @@ class StateMachine:
             for (_, end), (start, _) in zip(spans, spans[1:]):
                 assert end <= start, f"overlapping ranges in segment {segment_id}"
             assert allocator.used_bytes == sum(e - s for s, e in spans)
+        for node_id, kept in self.down_nodes.items():
+            node = self.nodes.get(node_id)
+            assert node is not None and not node.up, node_id
+            assert self.generations.get(node_id) == kept.generation, node_id
+            ranges_of: dict[int, list[tuple[int, int]]] = {}
+            for segment in kept.segments:
+                assert segment.segment_id not in self.segments, segment.segment_id
+                assert c.node_of_segment(segment.segment_id) == node_id
+                ranges_of[segment.segment_id] = []
+            for r in [p.replica for p in kept.parked] + [r for _, r in kept.held]:
+                ranges_of[r.segment_id].append((r.offset, r.handle))
+            for segment in kept.segments:
+                allocator = segment.allocator
+                ranges = ranges_of[segment.segment_id]
+                assert allocator.allocation_count == len(ranges), segment.segment_id
+                assert len({h for _, h in ranges}) == len(ranges), segment.segment_id
+                assert all(allocator.allocation_offset(h) == o for o, h in ranges)
         usage = {ns: (u.bytes, u.objects) for ns, u in self.usage.items()}
         assert usage == self.count_usage(), (usage, self.count_usage())
         for key, records in self.preempted.items():
@@ -893,7 +1069,9 @@ class StateMachine:
         pending order, the deferred heap as laid out, its sequence counter and byte count, the
         clock, the namespace quotas (usage is derived from the objects, and recounted by
         `restore`), the preempted upserts, the store settings it decides by and whether the log
-        set them, and each node's mount generation. The same state always gives the same bytes.
+        set them, each node's mount generation, and what is kept for nodes declared down
+        (their segments with allocators, parked replicas, held ranges). The same state always
+        gives the same bytes.
         """
         def replicas(rs):
             return [[r.segment_id, r.offset, r.handle] for r in rs]
@@ -904,17 +1082,19 @@ class StateMachine:
             return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas),
                     v.replica_num]
 
+        def segment_row(s):
+            return [s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
+                    s.allocator.dump(), s.pool_namespace]
+
         state = {
-            "format": 3,
+            "format": 4,
             "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
                        self.allocation_strategy],
             "settings_from_log": self.store_settings_from_log,
             "generations": [[node_id, generation]
                             for node_id, generation in self.generations.items()],
             "clock_ms": self.clock_ms,
-            "segments": [[s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
-                          s.allocator.dump(), s.pool_namespace]
-                         for s in self.segments.values()],
+            "segments": [segment_row(s) for s in self.segments.values()],
             "segment_list": [s.segment_id for s in self.segment_list],
             "nodes": [[n.node_id, n.name, n.client_address, n.peer_address, bool(n.up)]
                       for n in self.nodes.values()],
@@ -934,6 +1114,12 @@ class StateMachine:
                            bool(r.superseded)]
                           for (ns, name), records in self.preempted.items()
                           for writer_id, r in records.items()],
+            "down_nodes": [[d.node_id, d.generation, d.keep_until_ms,
+                            [segment_row(s) for s in d.segments],
+                            [[p.key[0], p.key[1], p.writer_id, p.started_ms, p.size_bytes,
+                              replicas([p.replica])[0]] for p in d.parked],
+                            [[release_at, replicas([r])[0]] for release_at, r in d.held]]
+                           for d in self.down_nodes.values()],
         }
         return msgpack.packb(state, use_bin_type=True)
 
@@ -948,7 +1134,8 @@ class StateMachine:
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a `snapshot`'s; the allocator factory stays.
 
-        A snapshot of format 1 or 2 (before store settings and generations were replicated)
+        A snapshot of format 1, 2 or 3 keeps nothing for nodes declared down. One of format 1
+        or 2 (before store settings and generations were replicated)
         records the config of the node that took it: the instance's built settings apply
         instead, and no node has a generation yet (their segment ids are of the old layout,
         which no new id equals).
@@ -995,13 +1182,16 @@ class StateMachine:
         need(type(top) is dict, "not a map")
         # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 3
         # adds the preempted upserts (and objects' pending_upsert flags), the store settings'
-        # origin and the nodes' mount generations.
-        need(top.get("format") in (1, 2, 3) and type(top.get("format")) is int,
+        # origin and the nodes' mount generations; format 4 what is kept for nodes declared
+        # down (none in older ones).
+        need(top.get("format") in (1, 2, 3, 4) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
         if top["format"] >= 2:
             fields += ("quotas",)
         if top["format"] >= 3:
             fields += ("preempted", "settings_from_log", "generations")
+        if top["format"] >= 4:
+            fields += ("down_nodes",)
         need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
         config = row(top["config"], 4, "config")
         need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
@@ -1022,8 +1212,7 @@ class StateMachine:
         for name in ("clock_ms", "deferred_seq", "deferred_bytes"):
             need(is_int(top[name]), f"bad {name}")
 
-        segments: dict[int, Segment] = {}
-        for item in seq_of(top["segments"], "segments"):
+        def parse_segment(item) -> Segment:
             # Six fields in snapshots written before namespace pools (all segments shared).
             if type(item) is tuple and len(item) == 6:
                 item = item + (c.SHARED_POOL,)
@@ -1031,14 +1220,19 @@ class StateMachine:
             need(is_int(sid) and is_str(name) and is_str(node_name) and is_int(size_bytes)
                  and type(mounted) is bool and type(dump) is bytes and is_str(pool),
                  f"bad segment {sid!r:.40}")
-            need(sid not in segments, f"segment {sid} twice")
             try:
                 allocator = OffsetAllocator.load(dump)
             except (ValueError, MemoryError) as exc:
                 fail(f"segment {sid}: {exc}")
             segment = Segment(sid, name, node_name, size_bytes, allocator, pool)
             segment.mounted = mounted
-            segments[sid] = segment
+            return segment
+
+        segments: dict[int, Segment] = {}
+        for item in seq_of(top["segments"], "segments"):
+            segment = parse_segment(item)
+            need(segment.segment_id not in segments, f"segment {segment.segment_id} twice")
+            segments[segment.segment_id] = segment
         order = seq_of(top["segment_list"], "segment_list")
         need(all(map(is_int, order)) and len(order) == len(segments)
              and set(order) == set(segments), "segment_list does not list the segments")
@@ -1150,8 +1344,51 @@ class StateMachine:
             records[writer_id] = PreemptedWrite(size_bytes, started_ms, ttl, hard_pin, seq,
                                                 release_at, replica_num, superseded)
 
+        down_nodes: dict[int, DownNode] = {}
+        kept_segments: dict[int, Segment] = {}
+
+        def parse_kept_replica(value, what):
+            sid, offset, handle = row(value, 3, f"replica of {what}")
+            need(is_int(sid) and is_int(offset) and is_int(handle), f"bad replica of {what}")
+            need(sid in kept_segments and c.node_of_segment(sid) == node_id,
+                 f"{what}: replica on a segment not kept for node {node_id}")
+            need(handle not in owned[sid], f"{what}: range {handle} owned twice")
+            owned[sid][handle] = offset
+            return Replica(sid, offset, handle)
+
+        for item in seq_of(top.get("down_nodes", ()), "down_nodes"):
+            node_id, generation, keep_until_ms, kept, parked, held = row(item, 6, "down node")
+            need(is_int(node_id) and node_id in nodes and not nodes[node_id].up
+                 and node_id not in down_nodes and is_int(generation)
+                 and generations.get(node_id) == generation
+                 and is_int(keep_until_ms) and keep_until_ms > 0, f"bad down node {node_id!r:.40}")
+            record = DownNode(node_id, generation, keep_until_ms)
+            for segment_item in seq_of(kept, "kept segments"):
+                segment = parse_segment(segment_item)
+                sid = segment.segment_id
+                need(sid not in segments and sid not in kept_segments
+                     and c.node_of_segment(sid) == node_id
+                     and c.generation_of_segment(sid) == generation and not segment.mounted,
+                     f"bad kept segment {sid}")
+                kept_segments[sid] = segment
+                owned[sid] = {}
+                record.segments.append(segment)
+            for parked_item in seq_of(parked, "parked replicas"):
+                ns, name, writer_id, started_ms, size_bytes, replica = \
+                    row(parked_item, 6, "parked replica")
+                need(is_str(ns) and is_str(name) and is_int(writer_id) and is_int(started_ms)
+                     and is_int(size_bytes), "bad parked replica")
+                record.parked.append(ParkedReplica(
+                    (ns, name), writer_id, started_ms, size_bytes,
+                    parse_kept_replica(replica, "parked replica")))
+            for held_item in seq_of(held, "held ranges"):
+                release_at, replica = row(held_item, 2, "held range")
+                need(is_int(release_at), "bad held range")
+                record.held.append((release_at, parse_kept_replica(replica, "held range")))
+            down_nodes[node_id] = record
+
         for sid, ranges in owned.items():
-            allocator = segments[sid].allocator
+            allocator = (segments.get(sid) or kept_segments[sid]).allocator
             need(allocator.allocation_count == len(ranges),
                  f"segment {sid}: {allocator.allocation_count} live ranges, {len(ranges)} owned")
             for handle, offset in ranges.items():
@@ -1185,6 +1422,8 @@ class StateMachine:
         self.store_settings_from_log = settings_from_log
         self.generations.clear()
         self.generations.update(generations)
+        self.down_nodes.clear()
+        self.down_nodes.update(down_nodes)
         self.usage.clear()
         for ns, (used_bytes, used_objects) in self.count_usage().items():
             usage = self._usage_of(ns)
