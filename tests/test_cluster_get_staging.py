@@ -79,6 +79,9 @@ def test_a_local_client_receives_another_nodes_replica_in_mapped_memory(nodes):
         assert len(release) == 1
         (offset, _), _ = raw_get_staged(client, "remote-3m", release)
         assert offset is not None
+        staging = client.call("cluster_status")["get_staging"]
+        assert staging["size_bytes"] == STAGING_BYTES and staging["held_bytes"] >= 3 * MIB
+        assert staging["staged_gets"] >= 8 and staging["staged_bytes"] >= 8 * len(value)
 
 
 def test_a_replica_on_the_reading_node_is_staged_too(nodes):
@@ -115,6 +118,7 @@ def test_a_full_area_answers_through_the_socket_and_frees_on_release(nodes):
         assert first is not None
         (second, _), payload = raw_get_staged(client, "remote-3m-b", [])  # first still held
         assert second is None and bytes(payload) == value
+        assert client.call("cluster_status")["get_staging"]["staging_full"] >= 1
         (third, _), _ = raw_get_staged(client, "remote-3m-b", [first])
         assert third is not None
 
@@ -182,6 +186,7 @@ def test_no_staging_area_when_it_is_off():
         value = value_of(2 * MIB, 7)
         with local_client(cluster, 1) as client:
             assert client.get_staging is None and "get_staging" not in client.server
+            assert client.call("cluster_status")["get_staging"] is None
             assert client.put("k", value) is True
             assert client.get("k") == value
             with pytest.raises(MooncakedError) as raised:

@@ -80,8 +80,9 @@ class GetStaging:
         for handle, _ in self._held.pop(connection_id, {}).values():
             self._allocator.free(handle)
 
-    def held_bytes(self) -> int:
-        return self._allocator.used_bytes
+    def status(self) -> dict:
+        return {"size_bytes": self.size_bytes, "held_bytes": self._allocator.used_bytes,
+                **self.stats}
 
     def close(self) -> None:
         self.memory.close()

@@ -379,7 +379,9 @@ def _node_id(value) -> int:
 
 def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
     single._arity(params, 0, 0, "[]")
-    return Reply(conn.daemon.cluster.status())
+    staging = conn.daemon.get_staging
+    return Reply({**conn.daemon.cluster.status(),
+                  "get_staging": None if staging is None else staging.status()})
 
 
 def handle_cluster_add(conn, params: list, payload_length: int):
