@@ -248,6 +248,10 @@ class ClusterSection:
                 args = dict(base, mode=mode, duration_s=cfg.cluster_rate_s, keys=0,
                             batch=BATCH_PUT_KEYS,
                             tag=f"{pl.name}-{label}-{op}-{trial}-{os.getpid()}")
+                if mode == "batch_put" and label == "mooncake":
+                    # Room for every key of the window: Mooncake evicts when its segment
+                    # fills, and an evicted key fails the read-back check.
+                    args["segment_bytes"] = cfg.cluster_batch_mooncake_segment
                 try:
                     r = b.rate(python, args, nproc, pl.clients, a["noise"], env)
                 except RuntimeError as exc:  # a worker that died: a failed trial
@@ -500,6 +504,7 @@ def config_defaults(cfg) -> None:
     cfg.cluster_rate_s = 1.0
     cfg.cluster_segment = GiB  # the cross-node objects (~0.6 GiB) live on one node's segment
     cfg.cluster_small_segment = 256 * MiB
+    cfg.cluster_batch_mooncake_segment = 768 * MiB  # ~100k keys/s x 4 KiB x 1 s, doubled
     cfg.cross_sizes = [(MiB, 200), (16 * MiB, 24)]
     cfg.failover_trials = cfg.trials
     if cfg.quick:
