@@ -84,6 +84,28 @@ def test_a_local_client_receives_another_nodes_replica_in_mapped_memory(nodes):
         assert staging["staged_gets"] >= 8 and staging["staged_bytes"] >= 8 * len(value)
 
 
+def test_the_asyncio_client_stages_concurrent_gets_on_one_connection(nodes):
+    import asyncio
+
+    from mooncaked.client.aio import Client
+    cluster, leader, reader, holder = nodes
+    values = {f"aio-{i}": value_of(700_000 + i, 10 + i) for i in range(4)}
+    for key, value in values.items():
+        put_on(cluster, leader, holder, key, value)
+
+    async def run() -> list:
+        client = await Client.connect(cluster.nodes[reader].unix_address)
+        try:
+            assert client.get_staging is not None
+            got = await asyncio.gather(*(client.get(key) for key in values))
+            return got + [len(client.get_staging.to_release)]
+        finally:
+            await client.close()
+    *got, held = asyncio.run(run())
+    assert got == list(values.values())
+    assert 1 <= held <= len(values)  # every range but those handed back with later gets
+
+
 def test_a_replica_on_the_reading_node_is_staged_too(nodes):
     cluster, leader, reader, holder = nodes
     value = value_of(100_000, 2)
