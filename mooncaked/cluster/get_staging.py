@@ -26,8 +26,12 @@ class GetStaging:
     def __init__(self, size_bytes: int, shm_dir: str, mode: int, prefault: bool) -> None:
         self.size_bytes = size_bytes
         # A memfd: never a file a process could open by path; clients get its fd by token.
-        self.memory = SegmentMemory(STAGING_SEGMENT_ID, shm_dir, size_bytes, mode,
-                                    prefault=prefault, memfd_name="get-staging")
+        try:
+            self.memory = SegmentMemory(STAGING_SEGMENT_ID, shm_dir, size_bytes, mode,
+                                        prefault=prefault, memfd_name="get-staging")
+        except ValueError as exc:  # its pages cannot all be had
+            raise ValueError(f"[cluster] get_staging_bytes = {size_bytes}: {exc}; lower it, "
+                             "or 0 for none") from None
         self._allocator = OffsetAllocator(size_bytes, ALIGNMENT_BYTES, MAX_RANGES)
         # connection id -> {offset: (handle, size)}; a connection listed may map the area.
         self._held: dict[int, dict[int, tuple[int, int]]] = {}
