@@ -27,7 +27,8 @@ def nodes():
     """A 3-node cluster with a small staging area; values over 1 MiB take several stripes.
     node_ttl_ms is long so that a killed node's replicas stay listed (its fetch fails)."""
     cluster = Cluster(3, cluster={"get_staging_bytes": STAGING_BYTES, "stripe_bytes": MIB,
-                                  "node_ttl_ms": 600_000, "rpc_timeout_ms": 3000})
+                                  "node_ttl_ms": 600_000, "rpc_timeout_ms": 3000},
+                      segments={"prefault": True})
     try:
         cluster.start()
         leader = cluster.wait_for_leader()
@@ -60,6 +61,7 @@ def test_a_local_client_receives_another_nodes_replica_in_mapped_memory(nodes):
     put_on(cluster, leader, holder, "remote-3m", value)
     with local_client(cluster, reader) as client:
         assert client.get_staging is not None
+        assert client.server["get_staging"]["prefaulted"] is True  # mapped populated
         # The answer names a range of the staging area and carries no payload.
         (offset, size), payload = raw_get_staged(client, "remote-3m", [])
         assert offset is not None and size == len(value) and not payload

@@ -117,6 +117,7 @@ class GetStagingMapping:
     def __init__(self, description: dict) -> None:
         self._mapped = SharedSegments([{"id": STAGING_SEGMENT_ID,
                                         "size_bytes": description["size_bytes"],
+                                        "prefaulted": description.get("prefaulted", False),
                                         "fd_token": description["fd_token"]}],
                                       description["fd_socket"])
         self.to_release: list[int] = []

@@ -192,7 +192,8 @@ def handle_hello(conn, params: list, payload_length: int) -> Reply:
     from mooncaked.cluster.get_staging import STAGING_SEGMENT_ID
     staging.admit(conn.connection_id)
     reply.result["get_staging"] = {
-        "size_bytes": staging.size_bytes, "fd_socket": daemon.fd_handover.path,
+        "size_bytes": staging.size_bytes, "prefaulted": daemon.config.segments.prefault,
+        "fd_socket": daemon.fd_handover.path,
         "fd_token": daemon.fd_handover.issue(conn.connection_id, conn.peer_pid,
                                              STAGING_SEGMENT_ID)}
     return reply
