@@ -179,6 +179,10 @@ class ClusterConfig:
     data_connections: int = _key(4, 1, 64, doc="connections per peer for replica bytes")
     stripe_bytes: int = _key(4 * MIB, 4096, GIB, unit="bytes",
                              doc="values larger than this go over several data connections")
+    get_staging_bytes: int = _key(64 * MIB, 0, 1 << 40, unit="bytes",
+                                  doc="shared memory local clients map to receive gets of "
+                                  "other nodes' replicas without a socket copy (get_staged); "
+                                  "0 = off, values go through the socket")
     repair_bytes_per_s: int = _key(256 * MIB, 0, 1 << 40, unit="bytes/s",
                                    doc="the leader copies values that lost a replica with a "
                                    "node to other nodes, at most this fast; 0 = no repair")

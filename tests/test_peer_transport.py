@@ -212,6 +212,45 @@ def test_connection_cut_fails_the_call(loop_factory, cut):
     run(loop_factory, main())
 
 
+def test_a_call_that_times_out_mid_payload_writes_nothing_more_into_its_buffer(loop_factory):
+    """The answer's payload is half received when the call times out: the connection is
+    dropped, so the rest, sent later, never lands in `into` (a get staging range is reused
+    at once after a failed fetch)."""
+    async def main():
+        size = 1 << 20
+
+        async def serve(reader, writer):
+            prefix = await reader.readexactly(framing.PREFIX_BYTES)
+            await reader.readexactly(framing.PREFIX.unpack(prefix)[0])  # peer_hello
+            prefix = await reader.readexactly(framing.PREFIX_BYTES)
+            header_length, payload_length = framing.PREFIX.unpack(prefix)
+            await reader.readexactly(header_length + payload_length)
+            writer.write(framing.response_head(1, size, size) + b"y" * 1000)
+            await writer.drain()
+            await asyncio.sleep(0.5)  # the call times out meanwhile
+            try:
+                writer.write(b"z" * (size - 1000))
+                await writer.drain()
+            except ConnectionError:
+                pass
+            writer.close()
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        link = PeerLink(7, "127.0.0.1:1", 1, lambda: f"127.0.0.1:{port}", MAX_PAYLOAD, 5.0)
+        try:
+            into = memoryview(bytearray(size))
+            with pytest.raises(MooncakedError) as late:
+                await link.call("read_replica", [0, size], into=into, timeout_s=0.2)
+            assert late.value.code == ErrorCode.RPC_TIMEOUT
+            await asyncio.sleep(0.8)  # the rest of the payload has been sent by now
+            assert bytes(into[1000:]) == bytes(size - 1000)
+            assert not link.connected
+        finally:
+            link.close()
+            server.close()
+    run(loop_factory, main())
+
+
 def test_a_call_to_an_unreachable_peer_says_nothing_was_sent(loop_factory):
     async def main():
         node = Node()

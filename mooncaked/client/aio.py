@@ -21,7 +21,7 @@ from mooncaked.client import auth, calls, operations
 from mooncaked.client.blocking import parse_address
 from mooncaked.client.calls import Call, ReplicateConfig
 from mooncaked.client.reservations import ReservationStock
-from mooncaked.client.shared_memory import SharedSegments
+from mooncaked.client.shared_memory import GetStagingMapping, SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
 from mooncaked.tls import resolve_client_context
@@ -118,6 +118,8 @@ class Client:
         self._msgid = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
+        # A cluster node's get staging area, mapped (get_staged), else None.
+        self.get_staging: GetStagingMapping | None = None
         # Ranges the daemon reserved for this connection's next puts (one request per put).
         self.reservation_stock: ReservationStock | None = None
 
@@ -151,6 +153,8 @@ class Client:
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"],
                                                  client.server.get("fd_socket", ""))
+            if map_segments and client.server.get("get_staging"):
+                client.get_staging = GetStagingMapping(client.server["get_staging"])
             if client.server.get("max_reserved_bytes"):
                 client.reservation_stock = ReservationStock(
                     client.server["max_reserved_bytes"], client.server["reservation_ttl_ms"])
@@ -170,6 +174,9 @@ class Client:
             self.segments.close()
             self.segments = None
         self.reservation_stock = None  # the daemon frees them when the connection closes
+        if self.get_staging is not None:  # the daemon frees its ranges when it closes too
+            self.get_staging.close()
+            self.get_staging = None
         transport = self._protocol.transport
         if transport is not None and not transport.is_closing():
             transport.close()

@@ -19,7 +19,7 @@ from mooncaked.client.api import BlockingCalls
 from mooncaked.client.calls import Call
 from mooncaked.client.reservations import ReservationStock
 from mooncaked._native import buffer_address, new_bytes
-from mooncaked.client.shared_memory import SharedSegments
+from mooncaked.client.shared_memory import GetStagingMapping, SharedSegments
 from mooncaked.errors import ErrorCode, MooncakedError, error_for
 from mooncaked.proto import framing
 
@@ -78,6 +78,8 @@ class BlockingClient(BlockingCalls):
         self._end = 0
         self.server: dict = {}
         self.segments: SharedSegments | None = None
+        # A cluster node's get staging area, mapped (get_staged), else None.
+        self.get_staging: GetStagingMapping | None = None
         # Ranges the daemon reserved for this connection's next puts (one request per put).
         self.reservation_stock: ReservationStock | None = None
         self._owns_segments = True
@@ -100,6 +102,8 @@ class BlockingClient(BlockingCalls):
             if map_segments and client.server.get("segments"):
                 client.segments = SharedSegments(client.server["segments"],
                                                  client.server.get("fd_socket", ""))
+            if map_segments and client.server.get("get_staging"):
+                client.get_staging = GetStagingMapping(client.server["get_staging"])
             if client.server.get("max_reserved_bytes"):
                 client.reservation_stock = ReservationStock(
                     client.server["max_reserved_bytes"], client.server["reservation_ttl_ms"])
@@ -163,6 +167,9 @@ class BlockingClient(BlockingCalls):
             self.segments.close()
         self.segments = None
         self.reservation_stock = None  # the daemon frees them when the connection closes
+        if self.get_staging is not None:  # the daemon frees its ranges when it closes too
+            self.get_staging.close()
+            self.get_staging = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None

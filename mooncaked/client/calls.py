@@ -93,6 +93,12 @@ def get(key: str, into=None) -> Call:
     return Call("get", [key], parse=lambda result, payload: bytes(payload))
 
 
+def get_staged(key: str, release: list) -> Call:
+    """A cluster node's get into its staging area; the result is ([offset or None, size],
+    payload): the payload is the value when offset is None."""
+    return Call("get_staged", [key, release], parse=lambda result, payload: (result, payload))
+
+
 def exists(key: str) -> Call:
     return Call("exists", [key])
 

@@ -6,7 +6,7 @@ so the blocking client (`BlockingClient.drive`) and the asyncio client (`Client.
 same code and differ only in how they move a Call over their socket.
 
 `context` is the client: its `segments` (the daemon's shared memory, mapped over the Unix
-socket, else None), its `lease_ttl_ms`, and its `reservation_stock` (ranges the daemon reserved
+socket, else None), its `get_staging` (a cluster node's get staging area, mapped, else None), its `lease_ttl_ms`, and its `reservation_stock` (ranges the daemon reserved
 for this connection's next puts, client/reservations.py; None when it offers none): with a
 range in stock, a local put is one request.
 
@@ -62,6 +62,8 @@ def put(context, key: str, value, config: ReplicateConfig | None) -> Operation:
 
 def get(context, key: str) -> Operation:
     if context.segments is None:
+        if context.get_staging is not None:
+            return (yield from _get_staged(context, key, None, 0))
         return (yield calls.get(key))
     started = time.monotonic()
     segment_id, offset, size = yield calls.simple("get_replica", key)
@@ -69,6 +71,33 @@ def get(context, key: str) -> Operation:
     context.segments.read(segment_id, offset, buffer_address(value), size)
     _check_lease(context, started)
     return value
+
+
+def _get_staged(context, key: str, address: int | None, capacity: int) -> Operation:
+    """A get on a cluster node through its staging area (get_staged): the value, or with
+    `address` its size once copied there. The range is this connection's until it is handed
+    back with the next get_staged, so the copy needs no lease."""
+    staging = context.get_staging
+    (offset, size), payload = yield calls.get_staged(key, staging.take_release())
+    try:
+        if address is not None and size > capacity:
+            raise error_for(ErrorCode.INVALID_PARAMS,
+                            f"the value has {size} bytes, the buffer {capacity}")
+        if offset is None:  # no room in the area: the value came through the socket
+            if address is None:
+                return bytes(payload or b"")
+            if size:
+                _raw(address, size)[:] = payload
+            return size
+        if address is None:
+            value = new_bytes(size)  # filled by the copy before anyone sees it
+            staging.read(offset, buffer_address(value), size)
+            return value
+        staging.read(offset, address, size)
+        return size
+    finally:
+        if offset is not None:
+            staging.to_release.append(offset)
 
 
 def _check_lease(context, started: float) -> None:
@@ -196,6 +225,8 @@ def put_from(context, key: str, address: int, size_bytes: int,
 def get_into_address(context, key: str, address: int, size_bytes: int) -> Operation:
     """Copy a value to `address` (room for `size_bytes`); the value's size."""
     if context.segments is None:
+        if context.get_staging is not None:
+            return (yield from _get_staged(context, key, address, size_bytes))
         return (yield calls.get(key, into=_raw(address, size_bytes)))
     started = time.monotonic()
     segment_id, offset, value_size = yield calls.simple("get_replica", key)

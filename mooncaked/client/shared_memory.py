@@ -103,3 +103,32 @@ class SharedSegments:
                 mapped.close()
             except BufferError:
                 pass
+
+
+# The id a cluster node's get staging area goes by in the fd handover (never a segment's).
+STAGING_SEGMENT_ID = -1
+
+
+class GetStagingMapping:
+    """A cluster node's get staging area (hello's `get_staging`), mapped: get_staged puts a
+    value in a range of it, this client copies it out and hands the range back with its next
+    get_staged (`to_release`)."""
+
+    def __init__(self, description: dict) -> None:
+        self._mapped = SharedSegments([{"id": STAGING_SEGMENT_ID,
+                                        "size_bytes": description["size_bytes"],
+                                        "prefaulted": description.get("prefaulted", False),
+                                        "fd_token": description["fd_token"]}],
+                                      description["fd_socket"])
+        self.to_release: list[int] = []
+
+    def take_release(self) -> list[int]:
+        """The ranges to hand back with the next request (sent once)."""
+        release, self.to_release = self.to_release, []
+        return release
+
+    def read(self, offset: int, target_address: int, size_bytes: int) -> None:
+        self._mapped.read(STAGING_SEGMENT_ID, offset, target_address, size_bytes)
+
+    def close(self) -> None:
+        self._mapped.close()

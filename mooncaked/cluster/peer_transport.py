@@ -436,8 +436,10 @@ class PeerLink:
         `payload` buffers must stay unchanged until the call returns (they are sent by
         reference). With `into` (a writable buffer), a response payload of exactly its size is
         received straight into it and returned as that memoryview; any other response payload
-        comes back as a new bytearray. After a failed call (timeout, lost connection,
-        cancellation) bytes may still land in `into` for a while: do not reuse it.
+        comes back as a new bytearray. When the call ends without its answer (timeout,
+        cancellation) while that answer's payload is being received into `into`, the
+        connection is dropped: once the call has returned or raised, nothing writes into
+        `into` any more, so it may be reused (a get staging range is).
         """
         if into is not None:
             if not (type(into) is memoryview and into.format == "B" and into.c_contiguous):
@@ -463,6 +465,9 @@ class PeerLink:
                                  f"{timeout_s:.1f} s") from None
         finally:
             protocol.waiting.pop(msgid, None)  # a late answer's payload is then dropped
+            if into is not None and protocol._target is into:  # ... unless it is arriving
+                self._drop(protocol, f"{method} to node {self.peer_id} ended while its "
+                           "answer was being received")
         if error is not None:
             framing.raise_error(error)
         return result, response_payload

@@ -944,28 +944,42 @@ class ClusterService:
                                           timeout_s=self.rpc_timeout_s)
                 for start in range(0, size, piece)]
 
+    def nearest_first(self, replicas: list[Replica]) -> list[Replica]:
+        """The order to read replicas in: this node's own first."""
+        return sorted(replicas, key=lambda r: c.node_of_segment(r.segment_id) != self.node_id)
+
     async def read_replica_bytes(self, replicas: list[Replica], size: int):
         """The value from the nearest replica (own node first); the next one if a node fails."""
-        ordered = sorted(replicas, key=lambda r: c.node_of_segment(r.segment_id) != self.node_id)
         last_error = None
-        for replica in ordered:
-            node = c.node_of_segment(replica.segment_id)
-            if node == self.node_id:
-                try:
-                    return self._local_view(replica.segment_id, replica.offset, size)
-                except MooncakedError as exc:
-                    last_error = exc
-                    continue
+        for replica in self.nearest_first(replicas):
             try:
-                return await self._fetch(node, replica, size)
+                return await self.read_one_replica(replica, size)
             except MooncakedError as exc:
                 last_error = exc
-                self.stats["replica_read_failovers"] += 1
+                if c.node_of_segment(replica.segment_id) != self.node_id:
+                    self.stats["replica_read_failovers"] += 1
         raise MooncakedError(ErrorCode.TRANSFER_FAIL,
                              f"no replica could be read: {last_error.message if last_error else ''}")
 
-    async def _fetch(self, node: int, replica: Replica, size: int):
-        """One remote replica's bytes, received straight into one new buffer.
+    async def read_one_replica(self, replica: Replica, size: int, into: memoryview | None = None):
+        """One replica's bytes: a view of this node's segment, or fetched from its node.
+
+        With `into` (a writable buffer of `size` bytes, e.g. a get staging range) the bytes
+        land there and `into` is returned. When this raises, nothing writes into `into` any
+        more: every stripe's call has ended, and a stripe that timed out while receiving has
+        had its connection dropped (PeerLink.call)."""
+        node = c.node_of_segment(replica.segment_id)
+        if node == self.node_id:
+            view = self._local_view(replica.segment_id, replica.offset, size)
+            if into is None:
+                return view
+            into[:] = view
+            return into
+        return await self._fetch(node, replica, size, into)
+
+    async def _fetch(self, node: int, replica: Replica, size: int, into: memoryview | None = None):
+        """One remote replica's bytes, received straight into one buffer: `into`, else a new
+        one.
 
         Each stripe's response lands in its own slice of the buffer (call(into=...)), so
         nothing is reassembled. A new buffer per attempt: after a failed stripe the others may
@@ -975,20 +989,28 @@ class ClusterService:
         does not take at once.
         """
         if size == 0:
-            return b""
+            return b"" if into is None else into
         stripe = self.cluster_config.stripe_bytes
-        value = memoryview(uninitialized_bytearray(size))
+        value = memoryview(uninitialized_bytearray(size)) if into is None else into
         count = min(self.cluster_config.data_connections, -(-size // stripe))
         piece = -(-size // count)
         parts = [value[start:start + piece] for start in range(0, size, piece)]
         offsets = range(replica.offset, replica.offset + size, piece)
+        # Every stripe ends (answered, failed, timed out) before this returns or raises: a
+        # caller's buffer is then no longer written into.
         answers = await asyncio.gather(*(self.data_link(node).call(
             "read_replica", [replica.segment_id, offset, len(part)],
-            timeout_s=self.rpc_timeout_s, into=part) for offset, part in zip(offsets, parts)))
+            timeout_s=self.rpc_timeout_s, into=part) for offset, part in zip(offsets, parts)),
+            return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, MooncakedError):
+                raise answer
+            if isinstance(answer, BaseException):
+                raise MooncakedError(ErrorCode.TRANSFER_FAIL, f"reading a replica: {answer}")
         for part, (_, payload) in zip(parts, answers):
             if payload is not part:  # the peer sent another length (or none): not our bytes
                 raise MooncakedError(ErrorCode.TRANSFER_FAIL, "short replica read")
-        return value.toreadonly()
+        return value.toreadonly() if into is None else into
 
     # -- reports ------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ METHOD_ROLES: dict[str, tuple | None] = {
     "hello": None, "auth_start": None, "ping": None,
     **{m: (READ, CONNECTION) for m in (
         "get", "exists", "get_size", "batch_get", "batch_exists", "get_replica",
-        "batch_get_replica")},
+        "batch_get_replica", "get_staged", "release_staged")},
     **{m: (WRITE, CONNECTION) for m in (
         "put", "upsert", "remove", "remove_by_regex", "remove_all", "batch_put",
         "batch_remove", "put_start", "put_end", "put_revoke", "batch_put_start",

@@ -7,7 +7,8 @@ waits for the log; value bytes go to and come from the replicas' nodes. Handlers
 
 Values travel through the socket: a cluster node's hello lists no segments, so clients do not
 map shared memory (a value's replicas may be on other nodes). The shared-memory calls answer
-NOT_SUPPORTED.
+NOT_SUPPORTED. A local client may instead map the node's get staging area
+(cluster/get_staging.py, hello's `get_staging`): get_staged receives a value into it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mooncaked.cluster.peer_transport import uninitialized_bytearray
 from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
 from mooncaked.daemon.connection import Incoming, Reply
+from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica
@@ -173,6 +175,96 @@ def handle_get(conn, params: list, payload_length: int):
     return run()
 
 
+def handle_hello(conn, params: list, payload_length: int) -> Reply:
+    """hello as on a single node; a local client also gets the get staging area to map, on the
+    terms a single node shares its segments on: share_with_local_clients, and with
+    authentication on, a principal that may read every namespace (the area holds the bytes of
+    every connection's gets)."""
+    reply = single.handle_hello(conn, params, payload_length)
+    daemon = conn.daemon
+    staging = daemon.get_staging
+    if staging is None or conn.transport_kind != "unix" \
+            or not daemon.config.segments.share_with_local_clients \
+            or (daemon.auth is not None and not daemon.auth.may_read_every_namespace(conn)):
+        return reply
+    if not conn.peer_pid:
+        conn.peer_pid = peer_pid(conn.transport.get_extra_info("socket"))
+    from mooncaked.cluster.get_staging import STAGING_SEGMENT_ID
+    staging.admit(conn.connection_id)
+    reply.result["get_staging"] = {
+        "size_bytes": staging.size_bytes, "prefaulted": daemon.config.segments.prefault,
+        "fd_socket": daemon.fd_handover.path,
+        "fd_token": daemon.fd_handover.issue(conn.connection_id, conn.peer_pid,
+                                             STAGING_SEGMENT_ID)}
+    return reply
+
+
+def _staging_of(conn):
+    staging = conn.daemon.get_staging
+    if staging is None or not staging.admitted(conn.connection_id):
+        raise MooncakedError(ErrorCode.NOT_SUPPORTED,
+                             "this connection was not offered a get staging area (hello's "
+                             "get_staging): use get")
+    return staging
+
+
+def handle_get_staged(conn, params: list, payload_length: int):
+    """[offset, size]: the value is at `offset` of the staging area, a range this connection
+    holds until it releases it; [nil, size] and the value as payload when the area has no
+    room for it. `release` (ranges of earlier answers) is handed back first."""
+    staging = _staging_of(conn)
+    single._arity(params, 1, 2, "[key, release?]")
+    staging.release(conn.connection_id, single._optional(params, 1, []))
+    key = single._key(conn, params[0])
+
+    async def run() -> Reply:
+        started = time.monotonic()  # the lease starts later, when the leader grants it
+        (version,) = await _read(conn, [key])
+        if version is None:
+            raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+        size, locations = version
+        taken = staging.take(conn.connection_id, size) if size else None
+        if taken is None:
+            value = await _value_of(conn, version) if size else b""
+            _check_lease(conn, started)
+            return Reply([None, size], [value])
+        offset, target = taken
+        try:
+            await _read_into(conn, locations, size, target)
+            _check_lease(conn, started)
+        except BaseException:
+            staging.give_back(conn.connection_id, offset)
+            raise
+        staging.stats["staged_gets"] += 1
+        staging.stats["staged_bytes"] += size
+        return Reply([offset, size])
+    return run()
+
+
+async def _read_into(conn, locations: list, size: int, target: memoryview) -> None:
+    """The nearest replica's bytes into `target`; the next replica if one fails (each attempt
+    ends before the next starts: nothing of a failed one lands later)."""
+    service = conn.daemon.cluster
+    replicas = [Replica(segment_id, offset, 0) for segment_id, offset in locations]
+    last_error = None
+    for replica in service.nearest_first(replicas):
+        try:
+            await service.read_one_replica(replica, size, target)
+            return
+        except MooncakedError as exc:
+            last_error = exc
+    raise MooncakedError(ErrorCode.TRANSFER_FAIL,
+                         f"no replica could be read: {last_error.message if last_error else ''}")
+
+
+def handle_release_staged(conn, params: list, payload_length: int) -> Reply:
+    """Hand back staged ranges without reading another value."""
+    staging = _staging_of(conn)
+    single._arity(params, 1, 1, "[release]")
+    staging.release(conn.connection_id, params[0])
+    return _ZERO
+
+
 def handle_exists(conn, params: list, payload_length: int):
     single._arity(params, 1, 1, "[key]")
     key = single._key(conn, params[0])
@@ -288,7 +380,9 @@ def _node_id(value) -> int:
 
 def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
     single._arity(params, 0, 0, "[]")
-    return Reply(conn.daemon.cluster.status())
+    staging = conn.daemon.get_staging
+    return Reply({**conn.daemon.cluster.status(),
+                  "get_staging": None if staging is None else staging.status()})
 
 
 def handle_cluster_add(conn, params: list, payload_length: int):

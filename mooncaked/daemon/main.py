@@ -111,6 +111,7 @@ class Daemon:
         self.loop_reason = ""  # why this event loop was chosen (status, log)
         self.join_address = ""  # --join: a cluster member to join through
         self.cluster = None  # the ClusterService when [cluster] enabled
+        self.get_staging = None  # a cluster node's GetStaging, for its local clients' gets
         self.exit_status = 0  # EXIT_FAILED after fail_stop
 
     # -- start-up ---------------------------------------------------------------------------
@@ -168,6 +169,8 @@ class Daemon:
                                               server.fd_token_ttl_ms, self._segment_fd,
                                               server.max_connections)
                 self.fd_handover.start()
+            elif self.config.cluster.get_staging_bytes:
+                self._start_get_staging()
         if self.config.cluster.enabled:
             from mooncaked.cluster.service import ClusterService
             from mooncaked.daemon import cluster_handlers
@@ -196,6 +199,17 @@ class Daemon:
                  server.unix_socket or "-", self.metrics_port or "-", len(self.memory),
                  self.config.segments.size_bytes, self.loop_name())
         self._notifier.notify(READY="1", STATUS=self._status_line(), MAINPID=str(self.pid))
+
+    def _start_get_staging(self) -> None:
+        """A cluster node's local clients map its get staging area (cluster/get_staging.py)
+        instead of its segments; its fd goes to them through the fd socket."""
+        from mooncaked.cluster.get_staging import GetStaging
+        segments, server = self.config.segments, self.config.server
+        self.get_staging = GetStaging(self.config.cluster.get_staging_bytes, segments.shm_dir,
+                                      segments.shm_mode, segments.prefault)
+        self.fd_handover = FdHandover(server.unix_socket + ".fd", server.fd_token_ttl_ms,
+                                      self.get_staging.segment_fd, server.max_connections)
+        self.fd_handover.start()
 
     def _tcp_protocol_factory(self, loop):
         """Connections of the TCP listener; with [tls] enabled, each wrapped in TLS (on either
@@ -328,6 +342,9 @@ class Daemon:
             self.reservations.release_all(conn)
         if self.fd_handover is not None and conn.mappable_segments:
             self.fd_handover.forget_connection(conn.connection_id)
+        if self.get_staging is not None and self.get_staging.admitted(conn.connection_id):
+            self.fd_handover.forget_connection(conn.connection_id)
+            self.get_staging.forget_connection(conn.connection_id)
         if self.draining and not self.connections:
             self._drained.set()
 
@@ -493,6 +510,8 @@ class Daemon:
             self._metrics.close()
         for memory in self.memory.values():
             memory.close()
+        if self.get_staging is not None:
+            self.get_staging.close()
         self._notifier.close()
 
     async def stop(self) -> None:
@@ -522,6 +541,8 @@ class Daemon:
             self.fd_handover.close()
         for memory in self.memory.values():
             memory.close()
+        if self.get_staging is not None:
+            self.get_staging.close()
         self._notifier.close()
         log.info("stopped")
 

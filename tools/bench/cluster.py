@@ -1,14 +1,19 @@
 """The cluster section of the benchmark (run.py --only cluster), per CPU placement:
 
-    put 4 KiB ops/s     1 and 4 client processes over TCP, each its own connection, on a
+    put 4 KiB ops/s     1 and 8 client processes over TCP, each its own connection, on a
                         3-node cluster (through the leader and through a follower), a 1-node
                         cluster and the plain daemon (cluster off), and Mooncake's master with
-                        one client (the `rate` worker every other small-op row uses); the Raft
-                        logs use fsync = "batch" on the work directory's file system (a disk,
-                        not tmpfs; the table says which)
+                        1 and 8 clients (the `rate` worker every other small-op row uses); the
+                        Raft logs use fsync = "batch" on the work directory's file system (a
+                        disk, not tmpfs; the table says which)
+    batch_put keys/s    32 x 4 KiB fresh keys per call, 1 client: mooncaked's batch_put on the
+                        3-node cluster (leader, follower) vs Mooncake's batch_put_from of a
+                        registered buffer (the same keys and values)
     cross-node get      1 MiB and 16 MiB values whose replica sits on node A's segment
-                        (preferred_segments), read by a client of node B (A -> B -> client, all
-                        TCP), vs Mooncake: client A puts into its own segment, client B (another
+                        (preferred_segments), read by a local client of node B over its Unix
+                        socket (A -> B's get staging area, which the client maps; the client
+                        copies out) and, for reference, by a TCP client of B (A -> B -> client),
+                        vs Mooncake: client A puts into its own segment, client B (another
                         process, no segment) gets over Mooncake's TCP transport
     failover            kill -9 of the leader (by PID) while a client puts in a loop through a
                         follower: time to a new leader in cluster_status and to the first
@@ -16,8 +21,10 @@
                         `cluster transfer-leader` handovers, timed the same way
 
 The three daemons of the cluster share the placement's server CPUs (they are each other's
-peers there, so they do not busy-poll); clients, the control worker and the put loop run on
-the client CPUs. Everything is stopped by PID at the end.
+peers there, so they do not busy-poll), and the 1-node and plain daemons poll exactly as they
+do (BUSY_POLL): every mooncaked row of the section runs on equal settings. Clients, the
+control worker and the put loop run on the client CPUs. Everything is stopped by PID at the
+end.
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ from procs import PROCS, Noise, Worker, free_port, run_one
 from servers import (await_mooncaked, daemon_knows, relaunch_mooncaked, start_mooncake_master,
                      start_mooncaked)
 
-PUT_OPS = (("cl_put_1p", 1), ("cl_put_4p", 4))
+PUT_OPS = (("cl_put_1p", 1), ("cl_put_8p", 8))
+BATCH_PUT_OP, BATCH_PUT_KEYS = "cl_batch_put_1p", 32
+# One busy-poll setting for every mooncaked daemon of the section (3-node, 1-node, plain).
+BUSY_POLL = False
 
 
 def filesystem_of(path: str) -> str:
@@ -78,10 +88,11 @@ class ClusterSection:
                            "initial_members": members,
                            "data_dir": os.path.join(workdir, "raft"),
                            "fsync": self.cfg.cluster_fsync}
+                # A Unix socket too: the cross-node get's local client (get staging area).
                 server = start_mooncaked(
                     self.b.py, workdir, pl, segment_bytes, None,
-                    self.b.logfile(f"{label}-{pl.name}-node{i}"), unix_socket=False,
-                    cluster=cluster, busy_poll=False, name=f"node{i}",
+                    self.b.logfile(f"{label}-{pl.name}-node{i}"), unix_socket=True,
+                    cluster=cluster, busy_poll=BUSY_POLL, name=f"node{i}",
                     wait=False)
                 nodes.append(server)
                 self.b.info["servers"][f"{label} node{i} [{pl.name}]"] = server.command
@@ -94,7 +105,7 @@ class ClusterSection:
         workdir = os.path.join(self.b.workdir, f"{label}-{pl.name}")
         server = start_mooncaked(self.b.py, workdir, pl, self.cfg.cluster_small_segment, None,
                                  self.b.logfile(f"{label}-{pl.name}"), unix_socket=False,
-                                 wait=False)
+                                 busy_poll=BUSY_POLL, wait=False)
         self.b.info["servers"][f"{label} [{pl.name}]"] = server.command
         return server
 
@@ -215,25 +226,39 @@ class ClusterSection:
     # -- put 4 KiB -----------------------------------------------------------------------------
 
     def put_rates(self, pl, targets: list, mooncake) -> None:
-        """Trials alternate between the systems, so that drift in the machine's load hits all."""
+        """Trials alternate between the systems, so that drift in the machine's load hits all.
+        targets[:2] are the 3-node cluster's (leader, follower): they also run batch_put."""
         cfg, b = self.cfg, self.b
-        plan = [(op, nproc, t) for op, nproc in PUT_OPS for t in targets]
-        if mooncake is not None:
-            plan.append(("cl_put_1p", 1, mooncake))  # its usual put path, one client
+        plan = [(op, "put", nproc, t) for op, nproc in PUT_OPS for t in targets]
+        plan += [(BATCH_PUT_OP, "batch_put", 1, t) for t in targets[:2]]
+        if mooncake is not None:  # its usual put path; batch_put_from of the same keys
+            plan += [(op, "put", nproc, mooncake) for op, nproc in PUT_OPS]
+            plan.append((BATCH_PUT_OP, "batch_put", 1, mooncake))
         acc = {(op, t[0]): {"values": [], "p50": [], "p99": [], "n": [], "noise": [],
                             "errors": 0, "cpu": [], "checked": 0, "bad": 0}
-               for op, _, t in plan}
+               for op, _, _, t in plan}
         disk, disk_noise = [], []  # the disk's fsync latency moves with the host's load
         for trial in range(cfg.trials):
             with Noise(disk_noise):
                 disk.append(run_one(b.vpy, "fdatasync",
                                     {"dir": b.workdir, "duration_s": cfg.cluster_rate_s},
                                     b.logfile("machine"), pl.servers))
-            for op, nproc, (label, python, base, env) in plan:
+            for op, mode, nproc, (label, python, base, env) in plan:
                 a = acc[(op, label)]
-                args = dict(base, mode="put", duration_s=cfg.cluster_rate_s, keys=0,
+                args = dict(base, mode=mode, duration_s=cfg.cluster_rate_s, keys=0,
+                            batch=BATCH_PUT_KEYS,
                             tag=f"{pl.name}-{label}-{op}-{trial}-{os.getpid()}")
-                r = b.rate(python, args, nproc, pl.clients, a["noise"], env)
+                if mode == "batch_put" and label == "mooncake":
+                    # Room for every key of the window: Mooncake evicts when its segment
+                    # fills, and an evicted key fails the read-back check.
+                    args["segment_bytes"] = cfg.cluster_batch_mooncake_segment
+                try:
+                    r = b.rate(python, args, nproc, pl.clients, a["noise"], env)
+                except RuntimeError as exc:  # a worker that died: a failed trial
+                    b.info["errors"].append(f"cluster {label} {op} [{pl.name}] trial {trial}: "
+                                            f"{exc}")
+                    a["values"].append(None)
+                    continue
                 a["values"].append(r["rate"]); a["p50"].append(r["p50_us"])
                 a["p99"].append(r["p99_us"]); a["n"].append(r["n"])
                 a["errors"] += r["errors"]; a["checked"] += r["checked"]; a["bad"] += r["bad"]
@@ -246,15 +271,22 @@ class ClusterSection:
                      note=f"4 KiB append + fdatasync, one after the other, in the work dir "
                           f"({self.info['raft_data_fs']}), on the server CPUs; once per trial "
                           "of the put rates, just before them")
+        nprocs = dict(PUT_OPS, **{BATCH_PUT_OP: 1})
         for (op, label), a in acc.items():
-            nproc = dict(PUT_OPS)[op]
+            nproc = nprocs[op]
             note = (f"{nproc} client process{'es' if nproc > 1 else ''} over "
                     + ("Mooncake's RPC" if label == "mooncake" else "TCP")
                     + "; trials alternate between the systems")
+            if op == BATCH_PUT_OP:
+                note = (f"{BATCH_PUT_KEYS} x 4 KiB fresh keys per call ("
+                        + ("batch_put_from of a registered buffer" if label == "mooncake"
+                           else "batch_put") + "), keys/s; p50/p99 per call; " + note)
             if label.startswith("mcd-") and label != "mcd-plain":
                 note += f"; fsync={cfg.cluster_fsync} on {self.info['raft_data_fs']}"
-            self.res.add(pl.name, label, op, None, "ops/s", a["values"], a["p50"], a["p99"],
-                         a["noise"], n=int(statistics.median(a["n"])), note=note,
+            self.res.add(pl.name, label, op, None,
+                         "keys/s" if op == BATCH_PUT_OP else "ops/s", a["values"], a["p50"],
+                         a["p99"], a["noise"],
+                         n=int(statistics.median(a["n"])) if a["n"] else None, note=note,
                          errors=a["errors"], cpu=a["cpu"], checked=a["checked"], bad=a["bad"])
 
     # -- cross-node get ------------------------------------------------------------------------
@@ -285,10 +317,15 @@ class ClusterSection:
                              [x["p50_us"]], [x["p99_us"]], n=n, errors=x["errors"],
                              note=f"client on node{via} puts with preferred_segments="
                                   f"node{holder}/0 (bytes cross node to node); once")
+            # Local clients (Unix socket: the node's get staging area, mapped); the same
+            # through TCP for reference (the bytes then cross B's client socket as well).
+            local = lambda node_id: three[node_id - 1].connect["address"]  # noqa: E731
             readers.append(("mcd-3node-via-follower", b.py, {"system": "mooncaked",
-                                                             "address": addr(via)}, None))
+                                                             "address": local(via)}, None))
             readers.append(("mcd-3node-via-leader", b.py, {"system": "mooncaked",
-                                                           "address": addr(leader)}, None))
+                                                           "address": local(leader)}, None))
+            readers.append(("mcd-3node-via-follower-tcp", b.py, {"system": "mooncaked",
+                                                                 "address": addr(via)}, None))
             if master is not None:
                 base = dict(master.connect, system="mooncake", tag=tag, sizes=sizes,
                             local_buffer_bytes=cfg.mooncake_buffer, nonce=nonce)
@@ -310,6 +347,8 @@ class ClusterSection:
                         acc[label]["out"].append(run_one(
                             python, "cross_reader", dict(args, tag=tag, sizes=sizes, nonce=nonce),
                             b.logfile(f"cross-reader-{label}"), pl.clients, env, timeout_s=300))
+            self.info.setdefault("cross_staging", {})[pl.name] = {
+                label: [o.get("get_staging") for o in a["out"]] for label, a in acc.items()}
             for label, a in acc.items():
                 verified = all(o["verified"] for o in a["out"])
                 for size, n in sizes:
@@ -465,6 +504,7 @@ def config_defaults(cfg) -> None:
     cfg.cluster_rate_s = 1.0
     cfg.cluster_segment = GiB  # the cross-node objects (~0.6 GiB) live on one node's segment
     cfg.cluster_small_segment = 256 * MiB
+    cfg.cluster_batch_mooncake_segment = 768 * MiB  # ~100k keys/s x 4 KiB x 1 s, doubled
     cfg.cross_sizes = [(MiB, 200), (16 * MiB, 24)]
     cfg.failover_trials = cfg.trials
     if cfg.quick:

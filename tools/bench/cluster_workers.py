@@ -6,7 +6,9 @@
                   A must stay alive: the bytes live in its segment) and exits without removing
                   anything
     cross_reader  gets every object once, one op in flight, timed: mooncaked through a node
-                  that does not hold the replica, or Mooncake's client B (no segment of its
+                  that does not hold the replica (over its Unix socket, a local client maps the
+                  node's get staging area; over TCP the bytes pass the client socket), or
+                  Mooncake's client B (no segment of its
                   own: every byte comes over Mooncake's TCP transport from A)
     put_loop      puts 4 KiB values in a loop through one node until STOP, recording the
                   start/end time and outcome of every put; EVENT t marks a kill or a leader
@@ -89,9 +91,12 @@ def role_cross_writer(a: dict) -> None:
 
 def role_cross_reader(a: dict) -> None:
     tag, system = a["tag"], a["system"]
+    staging = None
     if system == "mooncaked":
         client = _mooncaked(a["address"])
         get, close = client.get, client.close
+        # Whether the node offered its get staging area (a local client maps it).
+        staging = client.get_staging is not None if hasattr(client, "get_staging") else False
     else:
         from workers import connect
         store = connect(a)  # segment_bytes 0: a pure reader
@@ -99,7 +104,7 @@ def role_cross_reader(a: dict) -> None:
     for size, n in a["sizes"]:  # warm-up: connections, the transfer path, buffers
         for key in _keys(tag, size, min(n, 3)):
             get(key)
-    out = {"get": {}, "verified": True}
+    out = {"get": {}, "verified": True, "get_staging": staging}
     for size, n in a["sizes"]:
         base = pattern(size, size)
         ns, errors = [], 0

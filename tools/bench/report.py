@@ -361,59 +361,85 @@ def render_cluster(res: Results, pl: str, label: str, info: dict) -> str:
            f"node_ttl_ms {settings.get('node_ttl_ms')}; replica placement "
            f"{settings.get('allocation_strategy')}. busy_poll_us: "
            + ", ".join(f"{k} {v}" for k, v in c.get("busy_poll_us", {}).get(pl, {}).items())
-           + " (the three nodes share their CPUs, so they do not poll). Loops of the 3 nodes "
+           + (" (equal for every mooncaked daemon of the section; the three nodes share their "
+              "CPUs, so none polls)"
+              if len(set(c.get("busy_poll_us", {}).get(pl, {}).values())) <= 1 else
+              " (NOT EQUAL: the rows are not comparable)")
+           + ". Loops of the 3 nodes "
            "(status()['loop']): "
            + ", ".join(f"node{k} {v!r}" for k, v in
                        c.get("loops", {}).get(f"3-node [{pl}]", {}).items())]
-    mc1 = g("mooncake", "cl_put_1p")
+    mc1, mc8 = g("mooncake", "cl_put_1p"), g("mooncake", "cl_put_8p")
     rows = []
     for system, name in (("mcd-3node-leader", "3-node cluster, client on the leader"),
                          ("mcd-3node-follower", "3-node cluster, client on a follower"),
                          ("mcd-1node", "1-node cluster (cluster on, one member)"),
                          ("mcd-plain", "plain daemon (cluster off)"),
-                         ("mooncake", "Mooncake master (no replication), 1 client")):
-        one, four = res.row(pl, system, "cl_put_1p"), res.row(pl, system, "cl_put_4p")
-        v1, v4 = one and one["median"], four and four["median"]
+                         ("mooncake", "Mooncake master (no replication)")):
+        one, many = res.row(pl, system, "cl_put_1p"), res.row(pl, system, "cl_put_8p")
+        v1, v8 = one and one["median"], many and many["median"]
         is_3 = system.startswith("mcd-3node")
-        rows.append([name, fmt(v1), spread(one), fmt(one and one["p50_us"]), fmt(v4),
-                     spread(four), fmt(four and four["p50_us"]), ratio(v1, mc1),
-                     ratio(v4, mc1) if system != "mooncake" else "-",
+        rows.append([name, fmt(v1), spread(one), fmt(one and one["p50_us"]), fmt(v8),
+                     spread(many), fmt(many and many["p50_us"]), ratio(v1, mc1),
+                     ratio(v8, mc8),
                      ratio(v1, g("mcd-1node", "cl_put_1p")) if is_3 else "-",
-                     ratio(v4, g("mcd-1node", "cl_put_4p")) if is_3 else "-"])
+                     ratio(v8, g("mcd-1node", "cl_put_8p")) if is_3 else "-"])
     out.append("put 4 KiB, aggregate ops/s over a fixed window (fresh keys; mooncaked clients "
                "over TCP, each process its own connection; medians, min-max over trials)\n\n"
-               + table(["system", "1 client", "min-max", "p50 µs", "4 clients", "min-max",
-                        "p50 µs", "1c / MC", "4c / MC 1c", "1c / 1-node", "4c / 1-node"], rows))
+               + table(["system", "1 client", "min-max", "p50 µs", "8 clients", "min-max",
+                        "p50 µs", "1c / MC 1c", "8c / MC 8c", "1c / 1-node", "8c / 1-node"],
+                       rows))
+    rows = []
+    mcb = g("mooncake", "cl_batch_put_1p")
+    for system, name in (("mcd-3node-leader", "3-node cluster, client on the leader: batch_put"),
+                         ("mcd-3node-follower",
+                          "3-node cluster, client on a follower: batch_put"),
+                         ("mooncake", "Mooncake master: batch_put_from")):
+        r = res.row(pl, system, "cl_batch_put_1p")
+        if r is not None:
+            rows.append([name, fmt(r["median"]), spread(r), fmt(r["p50_us"]),
+                         fmt(r["p99_us"]), ratio(r["median"], mcb)])
+    if rows:
+        out.append("batch put of 32 x 4 KiB fresh keys per call, 1 client, keys/s (medians, "
+                   "min-max over trials; p50/p99 per call)\n\n"
+                   + table(["system", "keys/s", "min-max", "p50 µs", "p99 µs", "/ MC"], rows))
     placement = c.get("cross_placement", {}).get(pl, {})
     rows = []
     sizes = sorted({r["size"] for r in res.rows if r["placement"] == pl
                     and r["op"] == "cross_get"})
     for size in sizes:
         row = [human_size(size)]
-        for system in ("mcd-3node-via-follower", "mcd-3node-via-leader", "mooncake"):
+        for system in ("mcd-3node-via-follower", "mcd-3node-via-leader",
+                       "mcd-3node-via-follower-tcp", "mooncake"):
             r = res.row(pl, system, "cross_get", size)
             row += [fmt(r and r["median"] / 1000), spread(r) if r is None else
                     f"{fmt(r['min'] / 1000)}-{fmt(r['max'] / 1000)}",
                     fmt(r and r["median"] * 1e6 / size)]
         m = g("mooncake", "cross_get", size)
         row += [ratio(g("mcd-3node-via-follower", "cross_get", size), m),
-                ratio(g("mcd-3node-via-leader", "cross_get", size), m)]
+                ratio(g("mcd-3node-via-leader", "cross_get", size), m),
+                ratio(g("mcd-3node-via-follower-tcp", "cross_get", size), m)]
         rows.append(row)
     puts = "; ".join(
         f"{human_size(size)}: mooncaked {fmt(g('mcd-3node', 'cross_put', size))} MB/s, "
         f"Mooncake A (own segment) {fmt(g('mooncake', 'cross_put', size))} MB/s"
         for size in sizes)
+    staging = c.get("cross_staging", {}).get(pl, {})
     out.append("Cross-node get, GB/s and ops/s (one client, one op in flight; mooncaked: the "
                f"replica on follower {placement.get('holder', '?')}'s segment "
-               f"(preferred_segments), the client connected to follower "
-               f"{placement.get('client_node', '?')} or to the leader "
-               f"{placement.get('leader', '?')}: node -> node -> client over TCP; replicas "
+               f"(preferred_segments), the client on the Unix socket of follower "
+               f"{placement.get('client_node', '?')} or of the leader "
+               f"{placement.get('leader', '?')}: node -> the node's get staging area, which "
+               "the client maps, one memcpy in the client (get staging offered: "
+               + ", ".join(f"{k} {v}" for k, v in staging.items() if not k.startswith("mooncake"))
+               + "); `tcp`: the same follower over TCP, node -> node -> client socket; replicas "
                f"verified on the holder: {placement.get('replicas_on_holder', '?')}. Mooncake: "
                "client A holds the data in its own segment, client B (no segment) gets it over "
                "Mooncake's TCP transport)\n\n"
                + table(["size", "via follower GB/s", "min-max", "ops/s", "via leader GB/s",
-                        "min-max", "ops/s", "MC cross GB/s", "min-max", "ops/s",
-                        "follower / MC", "leader / MC"], rows)
+                        "min-max", "ops/s", "via follower tcp GB/s", "min-max", "ops/s",
+                        "MC cross GB/s", "min-max", "ops/s",
+                        "follower / MC", "leader / MC", "follower tcp / MC"], rows)
                + f"\n\nThe puts that placed the objects (once, timed): {puts}.")
     rows = []
     for op, name in (("failover_new_leader", "kill -9 leader -> new leader in cluster_status"),
@@ -531,16 +557,28 @@ def targets(res: Results, placements: list[str], loops: dict, info: dict | None 
             continue
         for system, where in (("mcd-3node-follower", "a follower"),
                               ("mcd-3node-leader", "the leader")):
-            add(pl, f"cluster put 4 KiB ops/s, 1 client on {where}, 3 nodes, "
-                    f"fsync=batch >= 1.0x Mooncake",
-                div(g(system, "cl_put_1p"), g("mooncake", "cl_put_1p")), 1.0,
-                f"{fmt(g(system, 'cl_put_1p'))} / {fmt(g('mooncake', 'cl_put_1p'))} ops/s",
-                rows=(row(system, "cl_put_1p"), row("mooncake", "cl_put_1p")))
+            for op, clients, needed in (("cl_put_1p", "1 client", 0.3),
+                                        ("cl_put_8p", "8 clients", 1.0)):
+                add(pl, f"cluster put 4 KiB ops/s, {clients} on {where}, 3 nodes, "
+                        f"fsync=batch >= {needed:g}x Mooncake's master with {clients}",
+                    div(g(system, op), g("mooncake", op)), needed,
+                    f"{fmt(g(system, op))} / {fmt(g('mooncake', op))} ops/s",
+                    rows=(row(system, op), row("mooncake", op)))
+            op = "cl_batch_put_1p"
+            add(pl, f"cluster batch_put 32 x 4 KiB keys/s, 1 client on {where}, 3 nodes "
+                    ">= 1.0x Mooncake's batch_put_from of the same keys",
+                div(g(system, op), g("mooncake", op)), 1.0,
+                f"{fmt(g(system, op))} / {fmt(g('mooncake', op))} keys/s",
+                rows=(row(system, op), row("mooncake", op)))
+        add(pl, "1-node cluster put 4 KiB ops/s, 1 client >= 0.5x the plain daemon",
+            div(g("mcd-1node", "cl_put_1p"), g("mcd-plain", "cl_put_1p")), 0.5,
+            f"{fmt(g('mcd-1node', 'cl_put_1p'))} / {fmt(g('mcd-plain', 'cl_put_1p'))} ops/s",
+            rows=(row("mcd-1node", "cl_put_1p"), row("mcd-plain", "cl_put_1p")))
         for size in (MiB, 16 * MiB):
             for system, where in (("mcd-3node-via-follower", "follower"),
                                   ("mcd-3node-via-leader", "leader")):
                 a, m = g(system, "cross_get", size), g("mooncake", "cross_get", size)
-                add(pl, f"cross-node get {human_size(size)} (client on the {where}) "
+                add(pl, f"cross-node get {human_size(size)} (local client on the {where}) "
                         f">= 2.0x Mooncake cross-client TCP get", div(a, m), 2.0,
                     f"{fmt(a)} / {fmt(m)} MB/s",
                     rows=(row(system, "cross_get", size), row("mooncake", "cross_get", size)))

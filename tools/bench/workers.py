@@ -139,6 +139,11 @@ class ClientAPI:
     def batch_exists(self, keys):
         return [r is True for r in self.c.batch_exists(keys)]
 
+    def batch_put(self, keys, values):
+        """The values through the socket in one request (batch_put: one log entry per batch
+        on a cluster node); per key True when stored."""
+        return [r == 0 for r in self.c.batch_put(keys, values)]
+
     def alloc(self, size, fill=None):
         return Buffer(size, fill)  # shared memory needs no registration
 
@@ -508,11 +513,58 @@ def _rate_ops(a: dict, nonce: int):
                 return True
             return False
         return put, 1, written, api
+    if mode == "batch_put":  # `batch` fresh keys of 4 KiB per call
+        return _batch_put_op(api, system, tag, batch, middle, pack, nonce, written), batch, \
+            written, api
     if mode == "batch_exists":
         groups = [[keys[(g + i) % nkeys] for i in range(batch)] for g in range(0, nkeys, 32)]
         return (lambda n: sum(1 for x in api.batch_exists(groups[n % len(groups)])
                               if x is True)), batch, written, api
     raise SystemExit(f"unknown mode {mode!r}")
+
+
+def _batch_put_op(api, system: str, tag: str, batch: int, middle: bytes, pack, nonce: int,
+                  written: dict):
+    """op(n) for mode batch_put: keys n*batch .. n*batch+batch-1, each value stamped with its
+    index. mooncaked: batch_put of the values (bytes built in the call, as the put mode's);
+    Mooncake: batch_put_from of a registered buffer whose stamps are written in the call (the
+    4 KiB bodies are written once, outside)."""
+    size = RATE_VALUE
+    if system == "mooncake":
+        buf = api.alloc(batch * size)
+        view = buf.view()
+        for i in range(batch):
+            view[i * size + 16:(i + 1) * size - 16] = middle
+        addresses = [buf.address + i * size for i in range(batch)]
+        sizes = [size] * batch
+
+        def put(n):
+            first = n * batch
+            keys = [f"{tag}-b{first + i}" for i in range(batch)]
+            for i in range(batch):
+                stamp = pack(nonce, first + i)
+                view[i * size:i * size + 16] = stamp
+                view[(i + 1) * size - 16:(i + 1) * size] = stamp
+            stored = api.batch_put_from(keys, addresses, sizes)
+            for i, ok in enumerate(stored):
+                if ok:
+                    written[keys[i]] = first + i
+            return sum(stored)
+        return put
+
+    def put(n):
+        first = n * batch
+        keys = [f"{tag}-b{first + i}" for i in range(batch)]
+        values = []
+        for i in range(batch):
+            stamp = pack(nonce, first + i)
+            values.append(stamp + middle + stamp)
+        stored = api.batch_put(keys, values)
+        for i, ok in enumerate(stored):
+            if ok:
+                written[keys[i]] = first + i
+        return sum(stored)
+    return put
 
 
 def role_rate(a: dict) -> None:
@@ -521,7 +573,7 @@ def role_rate(a: dict) -> None:
     worker wrote is read back and checked (VERIFIED)."""
     nonce = new_nonce()
     op, units, written, api = _rate_ops(a, nonce)
-    if a["mode"] == "put":
+    if a["mode"] in ("put", "batch_put"):  # warm keys of their own: the loop's are fresh
         warm = [f"{a['tag']}-w{i}" for i in range(20)]
         for key in warm:
             api.put(key, b"w" * RATE_VALUE)
