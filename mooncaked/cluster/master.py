@@ -1,6 +1,8 @@
 """The leader's master: store semantics over the Raft log (the single-node Master's rules).
 
-Mutations become log commands and resolve when applied. What stays local to the leader, as in
+It builds on `MasterPolicy` (reads, leases, eviction choices) and not on the single node's
+`Master`: it has no method that applies a command to the local state. Mutations become log
+commands and resolve when applied, on every node alike; a follower's master only reads. What stays local to the leader, as in
 the single-node master: read leases and the access order used for eviction. Because a new leader
 does not know the leases its predecessor granted, it treats every object as leased for one full
 lease TTL after it takes over (`lease_floor_ms`): nothing is removed, evicted or freed for a
@@ -26,7 +28,7 @@ import time
 from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import commands as c
-from mooncaked.meta.master import Master, ReplicateConfig
+from mooncaked.meta.master import MasterPolicy, ReplicateConfig
 from mooncaked.meta.state_machine import Replica, StateMachine, Version
 
 
@@ -34,13 +36,18 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class ReplicatedMaster(Master):
+class ReplicatedMaster(MasterPolicy):
     def __init__(self, state: StateMachine, store_config: StoreConfig, raft, seed: int) -> None:
+        """raft: the RaftNode that carries the commands (None until the cluster service has
+        opened the log, `attach`)."""
         super().__init__(state, store_config, seed)
         self.raft = raft
         self.clock_offset_ms = 0
         self.lease_floor_ms = 0
         self._ending: dict[c.ObjectKey, asyncio.Future] = {}  # keys whose version may end
+
+    def attach(self, raft) -> None:
+        self.raft = raft
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -95,7 +102,7 @@ class ReplicatedMaster(Master):
                 break
             await self._settled(pending)
         now = self.now_ms()
-        return [Master.get(self, key, now) for key in keys]
+        return [self.get(key, now) for key in keys]
 
     # -- writes -------------------------------------------------------------------------------
 

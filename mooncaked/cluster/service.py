@@ -163,12 +163,8 @@ class ClusterService:
             heartbeat_ticks=cc.heartbeat_ticks, tick_ms=cc.tick_ms, read_mode=cc.read_mode,
             snapshot_entries=cc.snapshot_entries, max_pending_proposals=cc.max_pending_proposals,
             proposal_timeout_ms=cc.rpc_timeout_ms, initial_voters=voters, send=self._send_raft)
-        self.master = ReplicatedMaster(daemon.master.state, daemon.config.store, self.raft,
-                                       seed=int.from_bytes(os.urandom(8), "little"))
-        daemon.master = self.master
-        # Ages and leases in reports (objects stat, status, metrics) on the log's clock, as
-        # the master grants them, not this process's own monotonic clock.
-        daemon.now_ms = self.master.now_ms
+        self.master = daemon.master  # the daemon built it for cluster mode
+        self.master.attach(self.raft)
         self.raft.on_role_change = self._role_changed
         self.raft.on_applied = self._applied
         self.raft.on_conf_change = self._conf_changed

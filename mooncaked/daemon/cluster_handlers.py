@@ -19,6 +19,7 @@ import time
 from mooncaked.cluster.peer_transport import uninitialized_bytearray
 from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
+from mooncaked.daemon import params as params_check
 from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta.master import ReplicateConfig
@@ -89,11 +90,11 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
 
 
 def _put(conn, params: list, payload_length: int, upsert: bool):
-    single._arity(params, 1, 2, "[key, config?]")
-    key = single._key(conn, params[0])
-    config = single._replicate_config(conn, single._optional(params, 1, None))
+    params_check.arity(params, 1, 2, "[key, config?]")
+    key = params_check.key(conn, params[0])
+    config = params_check.replicate_config(conn, params_check.optional(params, 1, None))
     if payload_length == 0:
-        raise single._invalid("a value must have at least 1 byte")
+        raise params_check.invalid("a value must have at least 1 byte")
     value = uninitialized_bytearray(payload_length)  # the payload fills it all before use
 
     async def complete() -> Reply:
@@ -115,15 +116,15 @@ def handle_upsert(conn, params: list, payload_length: int):
 
 
 def handle_batch_put(conn, params: list, payload_length: int):
-    single._arity(params, 2, 3, "[keys, sizes, config?]")
-    keys = single._keys(conn, params[0])
-    sizes = single._sizes(params[1], len(keys))
-    config = single._replicate_config(conn, single._optional(params, 2, None))
+    params_check.arity(params, 2, 3, "[keys, sizes, config?]")
+    keys = params_check.keys(conn, params[0])
+    sizes = params_check.sizes(params[1], len(keys))
+    config = params_check.replicate_config(conn, params_check.optional(params, 2, None))
     if sum(sizes) != payload_length:
-        raise single._invalid(f"sizes add up to {sum(sizes)} but the payload has "
+        raise params_check.invalid(f"sizes add up to {sum(sizes)} but the payload has "
                               f"{payload_length} bytes")
     if len(set(keys)) != len(keys):
-        raise single._invalid("a batch must not repeat a key")
+        raise params_check.invalid("a batch must not repeat a key")
     value = bytearray(payload_length)
     view = memoryview(value)
 
@@ -159,8 +160,8 @@ async def _value_of(conn, version):
 
 
 def handle_get(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         started = time.monotonic()  # the lease starts later, when the leader grants it
@@ -174,8 +175,8 @@ def handle_get(conn, params: list, payload_length: int):
 
 
 def handle_exists(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         (version,) = await _read(conn, [key])
@@ -184,8 +185,8 @@ def handle_exists(conn, params: list, payload_length: int):
 
 
 def handle_get_size(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         (version,) = await _read(conn, [key])
@@ -196,8 +197,8 @@ def handle_get_size(conn, params: list, payload_length: int):
 
 
 def handle_batch_get(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[keys]")
-    keys = single._keys(conn, params[0])
+    params_check.arity(params, 1, 1, "[keys]")
+    keys = params_check.keys(conn, params[0])
 
     async def run() -> Reply:
         started = time.monotonic()
@@ -211,8 +212,8 @@ def handle_batch_get(conn, params: list, payload_length: int):
 
 
 def handle_batch_exists(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[keys]")
-    keys = single._keys(conn, params[0])
+    params_check.arity(params, 1, 1, "[keys]")
+    keys = params_check.keys(conn, params[0])
 
     async def run() -> Reply:
         return Reply([0 if v is None else 1 for v in await _read(conn, keys)])
@@ -220,9 +221,9 @@ def handle_batch_exists(conn, params: list, payload_length: int):
 
 
 def handle_remove(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[key, force?]")
-    key = single._key(conn, params[0])
-    force = single._bool(single._optional(params, 1, False), "force")
+    params_check.arity(params, 1, 2, "[key, force?]")
+    key = params_check.key(conn, params[0])
+    force = params_check.as_bool(params_check.optional(params, 1, False), "force")
 
     async def run() -> Reply:
         await conn.daemon.cluster.meta("remove", [list(key), force])
@@ -231,9 +232,9 @@ def handle_remove(conn, params: list, payload_length: int):
 
 
 def handle_batch_remove(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[keys, force?]")
-    keys = single._keys(conn, params[0])
-    force = single._bool(single._optional(params, 1, False), "force")
+    params_check.arity(params, 1, 2, "[keys, force?]")
+    keys = params_check.keys(conn, params[0])
+    force = params_check.as_bool(params_check.optional(params, 1, False), "force")
 
     async def one(key) -> int:
         try:
@@ -255,21 +256,21 @@ def _remove_matching(conn, pattern: str | None, force: bool):
 
 
 def handle_remove_by_regex(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[pattern, force?]")
+    params_check.arity(params, 1, 2, "[pattern, force?]")
     if type(params[0]) is not str:
-        raise single._invalid("pattern must be a str")
+        raise params_check.invalid("pattern must be a str")
     try:
         re.compile(params[0])
     except re.error as exc:
-        raise single._invalid(f"bad regular expression: {exc}") from None
+        raise params_check.invalid(f"bad regular expression: {exc}") from None
     return _remove_matching(conn, params[0],
-                            single._bool(single._optional(params, 1, False), "force"))
+                            params_check.as_bool(params_check.optional(params, 1, False), "force"))
 
 
 def handle_remove_all(conn, params: list, payload_length: int):
-    single._arity(params, 0, 1, "[force?]")
+    params_check.arity(params, 0, 1, "[force?]")
     return _remove_matching(conn, None,
-                            single._bool(single._optional(params, 0, False), "force"))
+                            params_check.as_bool(params_check.optional(params, 0, False), "force"))
 
 
 def _no_shared_memory(conn, params: list, payload_length: int):
@@ -282,20 +283,20 @@ def _no_shared_memory(conn, params: list, payload_length: int):
 
 def _node_id(value) -> int:
     if type(value) is not int or not 1 <= value <= 65535:
-        raise single._invalid("a node id is an int in 1..65535")
+        raise params_check.invalid("a node id is an int in 1..65535")
     return value
 
 
 def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
-    single._arity(params, 0, 0, "[]")
+    params_check.arity(params, 0, 0, "[]")
     return Reply(conn.daemon.cluster.status())
 
 
 def handle_cluster_add(conn, params: list, payload_length: int):
-    single._arity(params, 2, 2, "[node_id, peer_address]")
+    params_check.arity(params, 2, 2, "[node_id, peer_address]")
     node_id = _node_id(params[0])
     if type(params[1]) is not str or ":" not in params[1]:
-        raise single._invalid("peer_address is host:port")
+        raise params_check.invalid("peer_address is host:port")
 
     async def run() -> Reply:
         await conn.daemon.cluster.meta("join", [node_id, params[1]])
@@ -305,7 +306,7 @@ def handle_cluster_add(conn, params: list, payload_length: int):
 
 def _leader_call(method: str):
     def handler(conn, params: list, payload_length: int):
-        single._arity(params, 1, 1, "[node_id]")
+        params_check.arity(params, 1, 1, "[node_id]")
         node_id = _node_id(params[0])
 
         async def run() -> Reply:
@@ -325,7 +326,7 @@ def handle_quota_set(conn, params: list, payload_length: int):
 
 def handle_cluster_settings_set(conn, params: list, payload_length: int):
     """Change the cluster's [store] settings through the log; nil keeps one."""
-    single._arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
+    params_check.arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
                   "put_start_release_timeout_ms, allocation_strategy] (nil keeps a value)")
 
     async def run() -> Reply:
