@@ -353,6 +353,15 @@ class ClusterService:
 
     # -- registration -------------------------------------------------------------------------
 
+    async def until_registered(self) -> None:
+        """Wait (within the leader wait) while this node's segments are not mounted in the log
+        (at start, or after it was declared down): a put placed meanwhile could not use them,
+        and placement no longer waits in the log behind the registration."""
+        deadline = time.monotonic() + self._leader_wait_s()
+        while self.registered_term < 0 and not self.removed and not self.leaving \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(self.cluster_config.tick_ms / 1000)
+
     def _register_soon(self) -> None:
         if self.leaving or self.removed:
             return

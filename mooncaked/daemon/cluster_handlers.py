@@ -56,12 +56,17 @@ PUT_ATTEMPTS = 3  # a put whose replica node cannot be reached is placed anew th
 
 async def _store_value(conn, key, value, config: ReplicateConfig,
                        upsert: bool) -> MooncakedError | None:
-    """Put one value: PutStart, the bytes to every replica, PutEnd. None, or the error.
+    """Put one value: its ranges from the leader (put_start: parts of the leader's arenas,
+    cluster/arenas.py), the bytes to every replica, then put_end, which commits the whole put
+    in one log command. None, or the error.
 
     When a replica's node cannot be reached, the put is revoked and placed again (the node
-    may be gone but not yet declared down), up to PUT_ATTEMPTS times.
+    may be gone but not yet declared down), up to PUT_ATTEMPTS times; so is a put whose
+    put_end reached a leader that did not start it.
     """
     service = conn.daemon.cluster
+    if service.registered_term < 0:
+        await service.until_registered()
     wire_config = config_to_wire(_placement(conn, config))
     for attempt in range(PUT_ATTEMPTS):
         writer = _writer_id(conn)
@@ -85,7 +90,11 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
         try:
             await service.meta("put_end", [list(key), writer])
         except MooncakedError as exc:
-            return exc
+            # INVALID_WRITE: the put was not committed and no longer can be (it reached a
+            # leader that did not start it, or took too long); it is placed anew.
+            if exc.code != ErrorCode.INVALID_WRITE or attempt + 1 == PUT_ATTEMPTS:
+                return exc
+            continue
         return None
 
 

@@ -33,6 +33,9 @@ TAGS: dict[type, int] = {
     c.AddReplicas: 13,
     c.MoveCommit: 14,
     c.SetStoreSettings: 15,
+    c.ReserveArena: 16,
+    c.CloseArenas: 17,
+    c.ArenaPut: 18,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -69,6 +72,10 @@ _CHECKS = {
     "pool_namespace": lambda v: v == "" or c.valid_namespace(v),
     "owner_namespace": lambda v: v is None or c.valid_namespace(v),
     "allocation_strategy": lambda v: type(v) is str,
+    "arena_ids": lambda v: type(v) is tuple and all(type(i) is int for i in v),
+    "replicas": lambda v: type(v) is tuple and all(
+        type(r) is tuple and len(r) == 2 and type(r[0]) is int and type(r[1]) is int
+        for r in v),
 }
 
 def _check_fields(cls, values) -> None:
