@@ -36,6 +36,7 @@ TAGS: dict[type, int] = {
     c.ReserveArena: 16,
     c.CloseArenas: 17,
     c.ArenaPut: 18,
+    c.Batch: 19,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -84,10 +85,17 @@ def _check_fields(cls, values) -> None:
             raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
 
 
+def encode_batch(encoded: list[bytes]) -> bytes:
+    """One Batch entry of commands already encoded (and so checked) by `encode`."""
+    return msgpack.packb([TAGS[c.Batch], encoded], use_bin_type=True)
+
+
 def encode(command) -> bytes:
     """The command's bytes; ValueError for a command `decode` would refuse, so that nothing
     that no node can decode is ever proposed."""
     cls = type(command)
+    if cls is c.Batch:
+        return encode_batch([encode(sub) for sub in command.commands])
     if cls not in TAGS:
         raise ValueError(f"command: {cls.__name__} is not a log command")
     try:
@@ -119,5 +127,13 @@ def _check(value):
                     else f"{_REQUIRED[cls]} to {len(names)}")
         raise ValueError(f"command {cls.__name__}: expected {expected} fields, "
                          f"got {len(value) - 1}")
+    if cls is c.Batch:
+        if len(value) != 2 or type(value[1]) is not tuple \
+                or not all(type(item) is bytes for item in value[1]):
+            raise ValueError("command Batch: expected one array of encoded commands")
+        commands = tuple(decode(item) for item in value[1])
+        if any(type(sub) is c.Batch for sub in commands):
+            raise ValueError("command Batch: a batch inside a batch")
+        return c.Batch(commands)
     _check_fields(cls, value[1:])
     return cls(*value[1:])

@@ -323,3 +323,12 @@ class ArenaPut:
     now_ms: int
     replaced_release_at_ms: int
     term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Several commands in one log entry (group commit: one entry, one write and one sync for
+    the commands proposed while the log was busy). Applied in order, each with its own result:
+    the result is a list holding, for each command, its result or the MooncakedError it
+    failed with (one failing changes nothing for the others)."""
+    commands: tuple

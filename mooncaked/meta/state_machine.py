@@ -252,6 +252,7 @@ class StateMachine:
             c.ReserveArena: self._reserve_arena,
             c.CloseArenas: self._close_arenas,
             c.ArenaPut: self._arena_put,
+            c.Batch: self._batch,
         }
 
     def apply(self, command):
@@ -715,6 +716,16 @@ class StateMachine:
             if not records:
                 del self.preempted[key]
         return released
+
+    def _batch(self, cmd: c.Batch) -> list:
+        """Each command's result, or the MooncakedError it failed with (c.Batch)."""
+        results = []
+        for command in cmd.commands:
+            try:
+                results.append(self.apply(command))
+            except MooncakedError as exc:
+                results.append(exc)
+        return results
 
     # -- arenas (meta/commands.py ReserveArena) ----------------------------------------------
 
