@@ -24,6 +24,7 @@ from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica
+from mooncaked.raft.types import Role
 
 _TRUE = Reply(True)
 _FALSE = Reply(False)
@@ -367,6 +368,33 @@ def _members_only(handler):
 
 for _name in ("objects_list", "object_stat", "segments", "quota_list"):
     _OVERRIDES[_name] = _members_only(single.HANDLERS[_name])
+
+
+def _object_stat(conn, params: list, payload_length: int) -> Reply:
+    """As on a single node; on the leader, a put in progress that the log does not know yet
+    (it commits whole, cluster/arenas.py) shows as `writing` too."""
+    try:
+        return _members_only(single.HANDLERS["object_stat"])(conn, params, payload_length)
+    except MooncakedError as exc:
+        if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+            raise
+        namespace = params_check.optional(params, 1, conn.namespace)
+        master = conn.daemon.master
+        puts = master.arenas.pending.get((namespace, params[0])) \
+            if conn.daemon.cluster.raft.role == Role.LEADER else None
+        put = next((p for p in (puts or {}).values() if p.parts is not None), None)
+        if put is None:
+            raise
+        return Reply({"namespace": namespace, "key": params[0], "size_bytes": put.size_bytes,
+                      "state": "writing",
+                      "replicas": [{"segment_id": arena.segment_id, "offset": offset}
+                                   for arena, offset in put.parts],
+                      "lease_expires_in_ms": 0, "soft_pin_expires_in_ms": None,
+                      "hard_pin": put.hard_pin,
+                      "created_ms_ago": master.now_ms() - put.started_ms})
+
+
+_OVERRIDES["object_stat"] = _object_stat
 
 HANDLERS = {**single.HANDLERS, **_OVERRIDES}
 PAYLOAD_METHODS = single.PAYLOAD_METHODS
