@@ -347,3 +347,20 @@ def test_no_room_evicts_then_places():
         assert master.state.readable(("ns", "v79")) is not None
         state.check_invariants()
     run(bounded())
+
+
+def test_an_upsert_that_starts_after_another_ended_wins_even_within_one_millisecond():
+    async def main():
+        master, _ = new_leader()
+        key = ("ns", "k")
+        # Two upserts in progress at once get start times a millisecond apart...
+        await master.put_start_async(key, 10, ReplicateConfig(), True, 1)
+        await master.put_start_async(key, 20, ReplicateConfig(), True, 2)
+        await master.put_end_async(key, 2)
+        await master.put_end_async(key, 1)  # started first: superseded
+        assert master.state.readable(key).size_bytes == 20
+        # ...so one that starts once the last has ended must still come after it.
+        await master.put_start_async(key, 30, ReplicateConfig(), True, 3)
+        await master.put_end_async(key, 3)
+        assert master.state.readable(key).size_bytes == 30
+    run(main())

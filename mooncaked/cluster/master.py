@@ -135,8 +135,11 @@ class ReplicatedMaster(MasterPolicy):
                    [p.started_ms for p in mine.values()]
                    + ([entry.pending.started_ms] if entry is not None and entry.pending else [])):
                 raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key is being written")
-        # Upserts of a key in start order, one ms apart at least: the last to start wins.
+        # Upserts of a key in start order, one ms apart at least (the last to start wins),
+        # and after the version they replace.
         started = max([now] + [p.started_ms + 1 for p in mine.values()])
+        if entry is not None and entry.complete is not None:
+            started = max(started, entry.complete.started_ms + 1)
         new_object = entry is None and not mine
         segments = len(state.pool_segments(state.pool_of(key[0])))
         charged = size_bytes * min(config.replica_num, segments)
