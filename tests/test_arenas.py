@@ -206,6 +206,15 @@ class ImmediateLog:
         self.state = state
         self.proposed: list = []
         self.core = type("Core", (), {"term": term})()
+        self.cut_off = False  # a leader that lost its quorum: barriers fail
+
+    def read_barrier(self):
+        future = asyncio.get_running_loop().create_future()
+        if self.cut_off:
+            future.set_exception(MooncakedError(ErrorCode.NO_LEADER, "no quorum"))
+        else:
+            future.set_result(None)
+        return future
 
     def propose(self, command):
         self.proposed.append(type(command).__name__)
@@ -363,4 +372,22 @@ def test_an_upsert_that_starts_after_another_ended_wins_even_within_one_millisec
         await master.put_start_async(key, 30, ReplicateConfig(), True, 3)
         await master.put_end_async(key, 3)
         assert master.state.readable(key).size_bytes == 30
+    run(main())
+
+
+def test_a_leader_cut_off_from_its_quorum_refuses_no_put_from_its_own_state():
+    """A put of an existing key answers `false` only from a leader that confirmed its
+    leadership: a cut-off old leader's state may be stale (the key removed meanwhile)."""
+    async def main():
+        master, raft = new_leader()
+        await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 1)
+        await master.put_end_async(("ns", "k"), 1)
+        raft.cut_off = True
+        with pytest.raises(MooncakedError) as info:
+            await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 2)
+        assert info.value.code == ErrorCode.NO_LEADER
+        raft.cut_off = False
+        with pytest.raises(MooncakedError) as info:
+            await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 3)
+        assert info.value.code == ErrorCode.OBJECT_ALREADY_EXISTS
     run(main())

@@ -124,31 +124,20 @@ class ReplicatedMaster(MasterPolicy):
         self.check_replicate_config(config)
         if key[0] == c.RESERVED_NAMESPACE:
             raise MooncakedError(ErrorCode.INVALID_PARAMS, "not a key a client can write")
+        try:
+            put = self._new_put(key, size_bytes, config, upsert, writer_id)
+        except MooncakedError as exc:
+            if exc.code not in (ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.QUOTA_EXCEEDED):
+                raise
+            # A refusal answers from the state: only a leader sure of its leadership, with
+            # every committed command applied, may give it (not one cut off from the others),
+            # after any command in the log that may end the key's version (as a read).
+            await self._settled(key)
+            await self.raft.read_barrier()
+            put = self._new_put(key, size_bytes, config, upsert, writer_id)
         state, arenas = self.state, self.arenas
-        now = self.now_ms()
-        entry = state.objects.get(key)
-        mine = arenas.pending.get(key, {})
-        if not upsert:
-            if entry is not None and entry.complete is not None:
-                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key exists")
-            if any(now - started < state.discard_timeout_ms for started in
-                   [p.started_ms for p in mine.values()]
-                   + ([entry.pending.started_ms] if entry is not None and entry.pending else [])):
-                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key is being written")
-        # Upserts of a key in start order, one ms apart at least (the last to start wins),
-        # and after the version they replace.
-        started = max([now] + [p.started_ms + 1 for p in mine.values()])
-        if entry is not None and entry.complete is not None:
-            started = max(started, entry.complete.started_ms + 1)
-        new_object = entry is None and not mine
-        segments = len(state.pool_segments(state.pool_of(key[0])))
-        charged = size_bytes * min(config.replica_num, segments)
-        put = PendingPut(writer_id, size_bytes, config.replica_num, config.soft_pin_ttl_ms,
-                         config.hard_pin, upsert, started, charged, new_object,
-                         c.charged_namespace(key))
-        self._check_limits(put)
-        if new_object and len(state.objects) + arenas.pending_new >= state.max_objects:
-            await self._make_room(now, 0, 1)
+        if put.new_object and len(state.objects) + arenas.pending_new >= state.max_objects:
+            await self._make_room(self.now_ms(), 0, 1)
             if len(state.objects) + arenas.pending_new >= state.max_objects:
                 raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
                                      f"the object table is full ({state.max_objects} objects)")
@@ -179,6 +168,34 @@ class ReplicatedMaster(MasterPolicy):
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
                                  f"no segment of {where} has {size_bytes} free bytes")
         return [Replica(arena.segment_id, offset, -arena.arena_id) for arena, offset in parts]
+
+    def _new_put(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
+                 upsert: bool, writer_id: int) -> PendingPut:
+        """The put to start, or why not (the key exists or is being written, a quota)."""
+        state, arenas = self.state, self.arenas
+        now = self.now_ms()
+        entry = state.objects.get(key)
+        mine = arenas.pending.get(key, {})
+        if not upsert:
+            if entry is not None and entry.complete is not None:
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key exists")
+            if any(now - started < state.discard_timeout_ms for started in
+                   [p.started_ms for p in mine.values()]
+                   + ([entry.pending.started_ms] if entry is not None and entry.pending else [])):
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key is being written")
+        # Upserts of a key in start order, one ms apart at least (the last to start wins),
+        # and after the version they replace.
+        started = max([now] + [p.started_ms + 1 for p in mine.values()])
+        if entry is not None and entry.complete is not None:
+            started = max(started, entry.complete.started_ms + 1)
+        new_object = entry is None and not mine
+        segments = len(state.pool_segments(state.pool_of(key[0])))
+        charged = size_bytes * min(config.replica_num, segments)
+        put = PendingPut(writer_id, size_bytes, config.replica_num, config.soft_pin_ttl_ms,
+                         config.hard_pin, upsert, started, charged, new_object,
+                         c.charged_namespace(key))
+        self._check_limits(put)
+        return put
 
     def _check_limits(self, put: PendingPut) -> None:
         """The namespace's quota, counting its puts in progress here."""
