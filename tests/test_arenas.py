@@ -375,9 +375,11 @@ def test_an_upsert_that_starts_after_another_ended_wins_even_within_one_millisec
     run(main())
 
 
-def test_a_leader_cut_off_from_its_quorum_refuses_no_put_from_its_own_state():
+def test_a_leader_cut_off_from_its_quorum_neither_refuses_nor_places_a_put():
     """A put of an existing key answers `false` only from a leader that confirmed its
-    leadership: a cut-off old leader's state may be stale (the key removed meanwhile)."""
+    leadership: a cut-off old leader's state may be stale (the key removed meanwhile). And it
+    hands out no part of its arenas: a later leader may have closed them, and may free them
+    once its hold has passed."""
     async def main():
         master, raft = new_leader()
         await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 1)
@@ -386,6 +388,11 @@ def test_a_leader_cut_off_from_its_quorum_refuses_no_put_from_its_own_state():
         with pytest.raises(MooncakedError) as info:
             await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 2)
         assert info.value.code == ErrorCode.NO_LEADER
+        # Nor does it hand out a part of its arenas: another leader may have closed them.
+        for upsert in (False, True):
+            with pytest.raises(MooncakedError) as info:
+                await master.put_start_async(("ns", "new"), 10, ReplicateConfig(), upsert, 4)
+            assert info.value.code == ErrorCode.NO_LEADER
         raft.cut_off = False
         with pytest.raises(MooncakedError) as info:
             await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 3)

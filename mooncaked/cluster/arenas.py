@@ -9,11 +9,15 @@ Why no range is ever written by two writers:
 - the replicated allocator gives an arena's range to nothing else while the arena lives;
 - inside an arena, only the leader of the arena's term hands out parts, and each part once;
   a later leader hands out parts of its own arenas only (the first arena command of its term
-  closes every older one);
+  closes every older one). A leader hands out a part only after a read barrier (its
+  check-quorum lease or a heartbeat round, as for a linearizable read), so a leader that has
+  lost its quorum, and may have been replaced, hands out nothing: every part of an arena was
+  handed out before a later term closed it;
 - a closed arena returns to the allocator only once no object uses a part of it and `hold_ms`
-  has passed since it closed; the hold is the bound on late replica writes the put path
-  already uses for a revoked put (twice the RPC timeout), and every part of the arena was
-  handed out before it closed. An arena this leader closes after every put it handed a part
+  has passed since it closed; the hold (four times the RPC timeout) is the time a part handed
+  out just before the close may take to reach its writer (one RPC timeout), plus its write's
+  timeout, plus the bound on late replica writes the put path already uses for a revoked put
+  (twice the RPC timeout), and every part of the arena was handed out before it closed. An arena this leader closes after every put it handed a part
   to has ended (committed or failed after its writes finished) needs no hold.
 - segment generations still fence writes aimed at a node that registered again.
 

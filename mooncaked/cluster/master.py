@@ -124,6 +124,11 @@ class ReplicatedMaster(MasterPolicy):
         self.check_replicate_config(config)
         if key[0] == c.RESERVED_NAMESPACE:
             raise MooncakedError(ErrorCode.INVALID_PARAMS, "not a key a client can write")
+        # Parts are handed out by a leader sure of its leadership (its check-quorum lease, or
+        # a heartbeat round): a leader cut off from the others, which may have been replaced
+        # already, hands out none. With it, every part of an arena was handed out before a
+        # later term closed the arena, which is what the arena's hold counts from.
+        await self.raft.read_barrier()
         try:
             put = self._new_put(key, size_bytes, config, upsert, writer_id)
         except MooncakedError as exc:

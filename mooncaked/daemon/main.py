@@ -94,11 +94,13 @@ class Daemon:
             # Mutations go through the log (the cluster service attaches it at start); ages
             # and leases in reports (objects stat, status, metrics) are on the log's clock, as
             # the master grants them, not this process's own monotonic clock.
-            # An arena is held past the closing as long as a timed-out replica write may
-            # still land: the hold a revoked put's ranges get (cluster_handlers._store_value).
+            # An arena that may still receive a write is held after it closes: a part handed
+            # out just before reaches its writer within rpc_timeout_ms, whose write times out
+            # within another, and may land up to the hold a revoked put's ranges get (twice
+            # rpc_timeout_ms, cluster_handlers._store_value) after that.
             self.master = ReplicatedMaster(
                 state, store, None, seed, arena_bytes=config.cluster.arena_bytes,
-                late_write_ms=2 * config.cluster.rpc_timeout_ms)
+                late_write_ms=4 * config.cluster.rpc_timeout_ms)
         else:
             self.master = Master(state, store, seed)
         self.now_ms = self.master.now_ms if config.cluster.enabled else monotonic_ms
