@@ -219,6 +219,9 @@ class ImmediateLog:
     def propose(self, command):
         self.proposed.append(type(command).__name__)
         future = asyncio.get_running_loop().create_future()
+        if self.cut_off:
+            future.set_exception(MooncakedError(ErrorCode.NO_LEADER, "no quorum"))
+            return future
         try:
             future.set_result(self.state.apply(codec.decode(codec.encode(command))))
         except MooncakedError as exc:
@@ -376,8 +379,8 @@ def test_an_upsert_that_starts_after_another_ended_wins_even_within_one_millisec
 
 
 def test_a_leader_cut_off_from_its_quorum_neither_refuses_nor_places_a_put():
-    """A put of an existing key answers `false` only from a leader that confirmed its
-    leadership: a cut-off old leader's state may be stale (the key removed meanwhile). And it
+    """A put of an existing key answers `false` only once a command after it commits: a
+    cut-off old leader's state may be stale (the key removed meanwhile). And it
     hands out no part of its arenas: a later leader may have closed them, and may free them
     once its hold has passed."""
     async def main():

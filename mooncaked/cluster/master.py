@@ -134,11 +134,12 @@ class ReplicatedMaster(MasterPolicy):
         except MooncakedError as exc:
             if exc.code not in (ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.QUOTA_EXCEEDED):
                 raise
-            # A refusal answers from the state: only a leader sure of its leadership, with
-            # every committed command applied, may give it (not one cut off from the others),
-            # after any command in the log that may end the key's version (as a read).
+            # A refusal is a put's answer, given as a write's is: once a command proposed
+            # after it commits (so never by a leader cut off from the others, even within
+            # its lease), with every command before it applied, after any command in the log
+            # that may end the key's version. Refusals proposed together share one entry.
             await self._settled(key)
-            await self.raft.read_barrier()
+            await self._propose(c.ReleaseExpired(self.now_ms()))
             put = self._new_put(key, size_bytes, config, upsert, writer_id)
         state, arenas = self.state, self.arenas
         if put.new_object and len(state.objects) + arenas.pending_new >= state.max_objects:
