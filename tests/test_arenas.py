@@ -208,6 +208,9 @@ class ImmediateLog:
         self.core = type("Core", (), {"term": term})()
         self.cut_off = False  # a leader that lost its quorum: barriers fail
 
+    def leads_now(self):
+        return not self.cut_off
+
     def read_barrier(self):
         future = asyncio.get_running_loop().create_future()
         if self.cut_off:

@@ -128,7 +128,8 @@ class ReplicatedMaster(MasterPolicy):
         # a heartbeat round): a leader cut off from the others, which may have been replaced
         # already, hands out none. With it, every part of an arena was handed out before a
         # later term closed the arena, which is what the arena's hold counts from.
-        await self.raft.read_barrier()
+        if not self.raft.leads_now():
+            await self.raft.read_barrier()
         try:
             put = self._new_put(key, size_bytes, config, upsert, writer_id)
         except MooncakedError as exc:

@@ -463,6 +463,14 @@ class RaftNode:
         self._schedule()
         return waiter
 
+    def leads_now(self) -> bool:
+        """Whether this node is the leader, sure of it without a round (alone, or within its
+        check-quorum lease); else read_barrier confirms it."""
+        if self.halted is not None:
+            return False
+        self._catch_up_ticks()
+        return self.core.serves_reads_now()
+
     def _submit_reads(self) -> None:
         # Only reads that arrived before this call share its index: a read that arrives later
         # may follow a write acknowledged after the index was taken.
