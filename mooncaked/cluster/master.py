@@ -14,6 +14,13 @@ rate. Nodes' monotonic clocks have unrelated origins; continuing from the log me
 leader's clock never jumps ahead of the one that granted the leases, so deadlines in the log
 (deferred frees, put timeouts) only ever come late, never early.
 
+A put is one command (ArenaPut), proposed when it ends: its ranges are parts of this leader's
+arenas (cluster/arenas.py says why no range is ever written by two writers), handed out while
+the leader is sure of its leadership; its key and the limits are checked when it starts,
+counting the puts in progress here, and again by the state machine when it commits. A put
+refused at the start (its key exists, a quota) is answered only once a command proposed after
+it commits, as a write's answer.
+
 A read of a key waits while a command that may end its readable version (PutEnd of an upsert,
 Remove, Evict) is in the log: the command's free deadline was computed from the leases known
 when it was proposed, so no lease may be granted on that version meanwhile.
