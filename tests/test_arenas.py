@@ -404,3 +404,25 @@ def test_a_leader_cut_off_from_its_quorum_neither_refuses_nor_places_a_put():
             await master.put_start_async(("ns", "k"), 10, ReplicateConfig(), False, 3)
         assert info.value.code == ErrorCode.OBJECT_ALREADY_EXISTS
     run(main())
+
+
+def test_a_batch_entry_decodes_to_its_commands_and_refuses_nesting():
+    commands = (c.Remove(("ns", "a"), 3), c.ReleaseExpired(5))
+    data = codec.encode(c.Batch(commands))
+    assert codec.decode(data) == c.Batch(commands)
+    nested = codec.encode_batch([data])
+    with pytest.raises(ValueError, match="inside a batch"):
+        codec.decode(nested)
+    with pytest.raises(ValueError):  # encode refuses what decode would
+        codec.encode(c.Batch((c.Batch(commands),)))
+    deep = codec.encode(c.ReleaseExpired(1))
+    for _ in range(3000):  # no recursion: refused at the first level
+        deep = codec.encode_batch([deep])
+    with pytest.raises(ValueError):
+        codec.decode(deep)
+    for bad in ([19], [19, [1]], [19, [b"\xc1"]], [19, []] + [1]):
+        with pytest.raises(ValueError):
+            codec.decode(msgpack.packb(bad, use_bin_type=True))
+    state = new_state()
+    results = state.apply(c.Batch((c.SetQuota("q", 1, 0), c.SetQuota("bad name", 1, 0))))
+    assert results[0] is None and results[1].code == ErrorCode.INVALID_PARAMS

@@ -95,6 +95,9 @@ def encode(command) -> bytes:
     that no node can decode is ever proposed."""
     cls = type(command)
     if cls is c.Batch:
+        if type(command.commands) is not tuple \
+                or any(type(sub) is c.Batch for sub in command.commands):
+            raise ValueError("command Batch: a tuple of commands, none of them a Batch")
         return encode_batch([encode(sub) for sub in command.commands])
     if cls not in TAGS:
         raise ValueError(f"command: {cls.__name__} is not a log command")
@@ -107,15 +110,16 @@ def encode(command) -> bytes:
     return data
 
 
-def decode(data: bytes):
+def decode(data: bytes, in_batch: bool = False):
+    """The command; ValueError for bytes that are not one (`in_batch`: nor a Batch)."""
     try:
         value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise ValueError(f"command: not msgpack ({exc})") from None
-    return _check(value)
+    return _check(value, in_batch)
 
 
-def _check(value):
+def _check(value, in_batch: bool = False):
     if type(value) is not tuple or not value or type(value[0]) is not int:
         raise ValueError("command: expected an array starting with a tag")
     cls = _BY_TAG.get(value[0])
@@ -128,12 +132,11 @@ def _check(value):
         raise ValueError(f"command {cls.__name__}: expected {expected} fields, "
                          f"got {len(value) - 1}")
     if cls is c.Batch:
+        if in_batch:
+            raise ValueError("command Batch: a batch inside a batch")
         if len(value) != 2 or type(value[1]) is not tuple \
                 or not all(type(item) is bytes for item in value[1]):
             raise ValueError("command Batch: expected one array of encoded commands")
-        commands = tuple(decode(item) for item in value[1])
-        if any(type(sub) is c.Batch for sub in commands):
-            raise ValueError("command Batch: a batch inside a batch")
-        return c.Batch(commands)
+        return c.Batch(tuple(decode(item, in_batch=True) for item in value[1]))
     _check_fields(cls, value[1:])
     return cls(*value[1:])
