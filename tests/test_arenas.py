@@ -22,6 +22,7 @@ from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec, commands as c
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import StateMachine
+from mooncaked.raft.types import Role
 
 SEGMENT_BYTES = 1 << 20
 HOLD_MS = 500
@@ -426,3 +427,17 @@ def test_a_batch_entry_decodes_to_its_commands_and_refuses_nesting():
     state = new_state()
     results = state.apply(c.Batch((c.SetQuota("q", 1, 0), c.SetQuota("bad name", 1, 0))))
     assert results[0] is None and results[1].code == ErrorCode.INVALID_PARAMS
+
+
+def test_puts_in_progress_count_on_the_leader():
+    async def main():
+        master, raft = new_leader()
+        raft.role = Role.LEADER
+        await master.put_start_async(("ns", "a"), 10, ReplicateConfig(), False, 1)
+        await master.put_start_async(("ns", "b"), 10, ReplicateConfig(), True, 2)
+        assert master.puts_in_progress() == 2
+        await master.put_end_async(("ns", "a"), 1)
+        assert master.puts_in_progress() == 1
+        raft.role = Role.FOLLOWER
+        assert master.puts_in_progress() == 0  # a follower knows only the log's
+    run(main())

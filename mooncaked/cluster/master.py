@@ -38,6 +38,7 @@ from mooncaked.cluster.arenas import LeaderArenas, PendingPut
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import MasterPolicy, ReplicateConfig
 from mooncaked.meta.state_machine import Replica, StateMachine, Version
+from mooncaked.raft.types import Role
 
 
 def monotonic_ms() -> int:
@@ -76,6 +77,13 @@ class ReplicatedMaster(MasterPolicy):
         # as leased until the floor passes.
         self.access = {key: self.lease_floor_ms for key, entry in self.state.objects.items()
                        if entry.complete is not None}
+
+    def puts_in_progress(self) -> int:
+        """Those in the log (reservations) and, on the leader, those not yet in it."""
+        in_log = super().puts_in_progress()
+        if self.raft is None or self.raft.role != Role.LEADER:
+            return in_log
+        return in_log + sum(len(puts) for puts in self.arenas.pending.values())
 
     def leased(self, key: c.ObjectKey, now_ms: int) -> bool:
         return now_ms < self.lease_floor_ms or super().leased(key, now_ms)

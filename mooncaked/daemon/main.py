@@ -347,7 +347,7 @@ class Daemon:
 
     def puts_in_progress(self) -> int:
         """Unfinished puts of clients (reservations are unfinished puts too, not counted)."""
-        return len(self.master.state.pending_order) - len(self.reservations)
+        return self.master.puts_in_progress() - len(self.reservations)
 
     def objects_count(self) -> int:
         """Objects as users see them: readable or being written, not reservations."""

@@ -81,6 +81,10 @@ class MasterPolicy:
     def exists(self, key: c.ObjectKey, now_ms: int) -> bool:
         return self.get(key, now_ms) is not None
 
+    def puts_in_progress(self) -> int:
+        """Unfinished puts (reservations included)."""
+        return len(self.state.pending_order)
+
     # -- writes -----------------------------------------------------------------------------
 
     def check_replicate_config(self, config: ReplicateConfig) -> None:
