@@ -183,6 +183,10 @@ class ClusterConfig:
                                   doc="shared memory local clients map to receive gets of "
                                   "other nodes' replicas without a socket copy (get_staged); "
                                   "0 = off, values go through the socket")
+    arena_bytes: int = _key(4 * MIB, 4096, GIB, unit="bytes",
+                            doc="the leader takes segment space for puts in ranges of this "
+                            "size (arenas), one log command per arena, and hands out parts "
+                            "of them; a value over a quarter of it gets a range of its own")
     repair_bytes_per_s: int = _key(256 * MIB, 0, 1 << 40, unit="bytes/s",
                                    doc="the leader copies values that lost a replica with a "
                                    "node to other nodes, at most this fast; 0 = no repair")

@@ -22,6 +22,14 @@ class RecordingState:
         self.applied: list[str] = []
 
     def apply(self, command):
+        if type(command) is commands.Batch:  # as StateMachine applies one
+            results = []
+            for one in command.commands:
+                try:
+                    results.append(self.apply(one))
+                except MooncakedError as exc:
+                    results.append(exc)
+            return results
         if command.name.startswith("bug"):
             raise ValueError(f"cannot apply {command.name}")
         if command.name.startswith("refused"):
@@ -80,18 +88,18 @@ def test_an_entry_that_cannot_be_applied_stops_the_node(tmp_path):
         try:
             assert await node.propose(_node_up("first")) == 1
             applied_before = node.applied_index
-            # Three proposals in one batch: the middle one breaks the state machine.
+            # Three proposals in one entry (a Batch): the middle one breaks the state machine.
             waiters = [node.propose(_node_up(name)) for name in ("second", "bug", "third")]
             # Bounded only so that a node that loses a waiter fails rather than hangs.
             results = await asyncio.wait_for(
                 asyncio.gather(*waiters, return_exceptions=True), 30)
-            assert results[0] == 2
-            assert isinstance(results[1], MooncakedError)
-            assert results[1].code == ErrorCode.INTERNAL_ERROR
-            assert isinstance(results[2], MooncakedError)  # never applied after the bad one
-            assert results[2].code == ErrorCode.INTERNAL_ERROR
+            # The entry was never applied to its end: none of its commands is answered, and
+            # the node stopped before the third (its in-memory state is dropped with it).
+            for result in results:
+                assert isinstance(result, MooncakedError)
+                assert result.code == ErrorCode.INTERNAL_ERROR
             assert state.applied == ["first", "second"]
-            assert node.applied_index == applied_before + 1
+            assert node.applied_index == applied_before
             assert len(fatal) == 1 and isinstance(fatal[0], ValueError)
             assert node.halted is fatal[0]
             assert unhandled == []  # handled where it happened, not by the loop's handler
@@ -102,6 +110,28 @@ def test_an_entry_that_cannot_be_applied_stops_the_node(tmp_path):
                 await node.read_barrier()
             await asyncio.sleep(0.05)
             assert state.applied == ["first", "second"]
+        finally:
+            node.stop()
+    asyncio.run(scenario())
+
+
+def test_commands_proposed_together_share_one_entry_each_with_its_own_result(tmp_path):
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            assert await node.propose(_node_up("first")) == 1
+            index_before = node.core.last_index
+            waiters = [node.propose(_node_up(name))
+                       for name in ("a", "refused-b", "c", "d")]
+            results = await asyncio.wait_for(
+                asyncio.gather(*waiters, return_exceptions=True), 30)
+            assert results[0] == 2 and results[2] == 3 and results[3] == 4
+            assert isinstance(results[1], MooncakedError)
+            assert results[1].code == ErrorCode.INVALID_PARAMS
+            assert node.core.last_index == index_before + 1  # one entry for the four
+            assert node.stats["batched_proposals"] == 4
+            assert state.applied == ["first", "a", "c", "d"]
         finally:
             node.stop()
     asyncio.run(scenario())

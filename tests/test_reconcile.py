@@ -255,7 +255,7 @@ def test_snapshots_carry_what_is_kept_and_older_formats_load():
     # A snapshot of format 3 (before anything was kept) still loads.
     top = msgpack.unpackb(cluster().snapshot(), raw=False)
     top["format"] = 3
-    del top["down_nodes"]
+    del top["down_nodes"], top["arenas"], top["arena_seq"], top["arena_term"]
     old = new_state()
     old.restore(msgpack.packb(top, use_bin_type=True))
     assert not old.down_nodes and len(old.segments) == 3
@@ -266,11 +266,11 @@ def test_a_bad_snapshot_of_what_is_kept_is_refused():
     put(state, "v", (1, 2), now_ms=10)
     apply(state, c.NodeDown(1, keep_until_ms=60_000))
     top = msgpack.unpackb(state.snapshot(), raw=False)
-    node_id, generation, keep_until, segments, parked, held = top["down_nodes"][0]
-    for bad in ([node_id, generation + 1, keep_until, segments, parked, held],  # generation
-                [2, generation, keep_until, segments, parked, held],  # an up node
-                [node_id, generation, keep_until, segments, parked + parked, held],  # twice
-                [node_id, generation, keep_until, segments, [], held]):  # a range unowned
+    node_id, generation, keep_until, segments, parked, held, arenas = top["down_nodes"][0]
+    for bad in ([node_id, generation + 1, keep_until, segments, parked, held, arenas],
+                [2, generation, keep_until, segments, parked, held, arenas],  # an up node
+                [node_id, generation, keep_until, segments, parked + parked, held, arenas],
+                [node_id, generation, keep_until, segments, [], held, arenas]):  # unowned
         top["down_nodes"] = [bad]
         with pytest.raises(ValueError):
             new_state().restore(msgpack.packb(top, use_bin_type=True))
@@ -373,3 +373,60 @@ def test_random_logs_with_nodes_kept_and_returning_follow_from_snapshots():
                 follower.check_invariants()
             assert follower.digest() == reference.digest() == leader.digest()
     assert {"NodeReturn", "ReleaseDownNode"} <= kinds, kinds  # each kind succeeded
+
+
+def arena_put(state: StateMachine, name: str, on: tuple[int, ...], term: int, now_ms: int):
+    """A put as a cluster leader makes it: one ArenaPut in parts of arenas of `term`, one
+    arena per node's segment (taken on first use)."""
+    key = ("ns", name)
+    parts = []
+    for node in on:
+        sid = c.segment_id_of(node, 0, state.generations[node])
+        arena = next((a for a in state.arenas.values() if a.segment_id == sid
+                      and a.term == term and a.closed_ms is None), None)
+        if arena is None:
+            arena_id, offset = apply(state, c.ReserveArena(sid, 16 * SIZE, term, 500, now_ms))
+            arena = state.arenas[arena_id]
+        used = sum(1 for e in state.objects.values() if e.complete is not None
+                   for r in e.complete.replicas if r.handle == -arena.arena_id)
+        parts.append((arena.arena_id, arena.offset + used * SIZE))
+    apply(state, c.ArenaPut(key, SIZE, len(on), tuple(parts), None, False, False,
+                            next(_writers), now_ms, now_ms, now_ms, term))
+    assert nodes_of(state, name) == sorted(on)
+
+
+def test_a_returning_node_gets_back_its_parts_of_arenas_and_the_arenas_closed():
+    """Cluster puts live in parts of arenas: a node kept while down keeps its arenas (their
+    live counts cover its parked parts), and its return brings them back closed under the
+    new segment ids, with the parts restored; snapshots carry kept arenas."""
+    state = cluster()
+    for i in range(3):
+        arena_put(state, f"a{i}", (1, 2), term=1, now_ms=10)
+    on_node_1 = [a.arena_id for a in state.arenas.values()
+                 if c.node_of_segment(a.segment_id) == 1]
+    generation = state.generations[1]
+    apply(state, c.NodeDown(1, keep_until_ms=60_000))
+    assert not any(arena_id in state.arenas for arena_id in on_node_1)
+    assert state.kept_replicas(1) == 3
+    restored = new_state()
+    restored.restore(state.snapshot())
+    restored.check_invariants()
+    assert restored.digest() == state.digest()
+    for machine in (state, restored):
+        new_generation = apply(machine, c.NodeReturn(1, generation, 30, 40))
+        assert new_generation == generation + 1
+        for i in range(3):
+            assert nodes_of(machine, f"a{i}") == [1, 2]
+        for arena_id in on_node_1:
+            arena = machine.arenas[arena_id]
+            assert arena.closed_ms is not None and arena.live == 3
+            assert arena.segment_id == c.segment_id_of(1, 0, new_generation)
+    assert restored.digest() == state.digest()
+    # Removing the values frees the parts; the closed arena returns to its segment after its
+    # hold, and the segment's allocator is whole again.
+    for i in range(3):
+        apply(state, c.Remove(("ns", f"a{i}"), 50))
+    apply(state, c.ReleaseExpired(10_000))
+    assert not any(arena_id in state.arenas for arena_id in on_node_1)
+    segment = state.segments[c.segment_id_of(1, 0, generation + 1)]
+    assert segment.allocator.used_bytes == 0

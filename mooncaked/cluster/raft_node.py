@@ -5,7 +5,9 @@ One pass of `_process` takes the core's Ready and does what its contract says, i
 persist the hard state, snapshot and entries (one write and one fdatasync for the whole batch:
 group commit), send the messages, apply the committed entries to the state machine, answer the
 reads whose index is applied, and advance the core. Proposals made while a pass runs wait for
-the next one, so under load every pass carries many.
+the next one, so under load every pass carries many; and the commands proposed since the last
+pass go into the log as one entry (a Batch command when there are several), so one entry, not
+one per command, is appended, replicated and applied for all of them, each with its own result.
 
 A proposal resolves when its entry is applied here, with the state machine's result. If the
 entry at its index turns out to be another one (a new leader overwrote it), it was never
@@ -24,6 +26,7 @@ from typing import Callable
 
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec as command_codec
+from mooncaked.meta.commands import Batch
 from mooncaked.raft import codec
 from mooncaked.raft.core import RaftConfig, RaftCore
 from mooncaked.raft.log_store import LogStore
@@ -69,7 +72,10 @@ class RaftNode:
         self.applied_term = recovered.snapshot.meta.term if recovered.snapshot else 0
         # index -> (term, future, monotonic s proposed) of proposals made here and not yet
         # applied or dropped.
-        self._proposals: dict[int, tuple[int, asyncio.Future, float]] = {}
+        self._proposals: dict[int, tuple[int, list[asyncio.Future], float]] = {}
+        # Commands proposed since the last pass, encoded, with their waiters: the next pass
+        # appends them as one entry.
+        self._batch: list[tuple[bytes, asyncio.Future]] = []
         self._reads_unsent: list[asyncio.Future] = []
         self._reads_sent: dict[bytes, list[asyncio.Future]] = {}
         self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
@@ -93,7 +99,7 @@ class RaftNode:
         self.on_conf_change: Callable[[ConfChange, ConfState], None] = lambda cc, cs: None
         self.on_role_change: Callable[[Role, int, int], None] = lambda r, l, t: None
         self.on_snapshot_restored: Callable[[], None] = lambda: None
-        self.stats = {"proposals": 0, "passes": 0, "entries_applied": 0, "snapshots": 0,
+        self.stats = {"proposals": 0, "batched_proposals": 0, "passes": 0, "entries_applied": 0, "snapshots": 0,
                       "messages_sent": 0, "messages_dropped": 0, "elections_seen": 0}
 
     # -- running ----------------------------------------------------------------------------
@@ -172,6 +178,8 @@ class RaftNode:
             self._submit_reads()
         if self._persisting is not None:
             return  # the batch being synced comes first; this work joins the next one
+        if self._batch:
+            self._append_batch()
         core = self.core
         while core.has_ready():
             ready = core.ready()
@@ -284,18 +292,19 @@ class RaftNode:
     # -- applying ---------------------------------------------------------------------------
 
     def _apply(self, entry) -> None:
-        waiter = None
-        # Left in _proposals until applied: if applying fails, _halt fails it with the rest.
+        waiters = None
+        # Left in _proposals until applied: if applying fails, _halt fails them with the rest.
         proposed = self._proposals.get(entry.index)
         if proposed is not None:
-            term, waiter, _ = proposed
+            term, waiters, _ = proposed
             if term != entry.term:  # another leader's entry took this index: ours is gone
                 del self._proposals[entry.index]
-                if not waiter.done():
-                    waiter.set_exception(MooncakedError(
-                        ErrorCode.NO_LEADER, "leadership changed before the request was "
-                        "committed; it was not applied"))
-                waiter = None
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(MooncakedError(
+                            ErrorCode.NO_LEADER, "leadership changed before the request was "
+                            "committed; it was not applied"))
+                waiters = None
         if entry.kind == EntryKind.CONF_CHANGE:
             change = codec.decode_conf_change(entry.data)
             conf_state = self.core.apply_conf_change(change)
@@ -313,14 +322,19 @@ class RaftNode:
         self.applied_index = entry.index
         self.applied_term = entry.term
         self.stats["entries_applied"] += 1
-        if waiter is not None:
+        batched = type(command) is Batch
+        if waiters is not None:
             del self._proposals[entry.index]
-        if waiter is not None and not waiter.done():
-            if isinstance(result, MooncakedError):
-                waiter.set_exception(result)
-            else:
-                waiter.set_result(result)
-        if command is not None:
+            for waiter, one in zip(waiters, result if batched else (result,)):
+                if not waiter.done():
+                    if isinstance(one, MooncakedError):
+                        waiter.set_exception(one)
+                    else:
+                        waiter.set_result(one)
+        if batched:
+            for one_command, one in zip(command.commands, result):
+                self.on_applied(entry.index, one_command, one)
+        elif command is not None:
             self.on_applied(entry.index, command, result)
 
     def _halt(self, error: BaseException, reason: str) -> None:
@@ -338,10 +352,12 @@ class RaftNode:
         self.snapshot_index = self.applied_index = snapshot.meta.index
         self.applied_term = snapshot.meta.term
         for index in [i for i in self._proposals if i <= snapshot.meta.index]:
-            _, waiter, _ = self._proposals.pop(index)
-            if not waiter.done():
-                waiter.set_exception(MooncakedError(
-                    ErrorCode.OUTCOME_UNKNOWN, "replaced by a snapshot before it was applied"))
+            _, waiters, _ = self._proposals.pop(index)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(MooncakedError(
+                        ErrorCode.OUTCOME_UNKNOWN,
+                        "replaced by a snapshot before it was applied"))
         log.info("node %d: installed a snapshot at index %d", self.node_id, snapshot.meta.index)
         self.on_snapshot_restored()
 
@@ -356,56 +372,81 @@ class RaftNode:
     # -- proposals --------------------------------------------------------------------------
 
     def propose(self, command) -> asyncio.Future:
-        """Append a command to the log; the future gives the state machine's result."""
+        """Append a command to the log; the future gives the state machine's result.
+
+        The command joins the entry the next pass appends (see the module's docstring)."""
+        waiter = self._loop.create_future()
         try:
             data = command_codec.encode(command)
         except ValueError as exc:  # refused here: what no node could decode is never logged
-            waiter = self._loop.create_future()
             waiter.set_exception(MooncakedError(ErrorCode.INVALID_PARAMS, str(exc)))
             return waiter
-        return self._propose(lambda: self.core.propose(data))
-
-    def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
-        return self._propose(lambda: self.core.propose_conf_change(change))
-
-    def _propose(self, append: Callable[[], int]) -> asyncio.Future:
-        waiter = self._loop.create_future()
-        if self.halted is not None:
-            waiter.set_exception(MooncakedError(ErrorCode.INTERNAL_ERROR, "this node stopped"))
+        if self._refused(waiter, len(self._batch)):
             return waiter
-        if len(self._proposals) >= self.max_pending_proposals:
-            waiter.set_exception(MooncakedError(ErrorCode.BUSY, "too many proposals pending"))
-            return waiter
-        try:
-            index = append()
-        except NotLeader as exc:
-            waiter.set_exception(MooncakedError(
-                ErrorCode.NO_LEADER, f"this node is not the leader (leader: "
-                f"{exc.leader or 'unknown'})"))
-            return waiter
-        except ProposalDropped as exc:
-            waiter.set_exception(MooncakedError(ErrorCode.NO_LEADER, f"not accepted: {exc}"))
-            return waiter
+        self._batch.append((data, waiter))
         self.stats["proposals"] += 1
-        self._proposals[index] = (self.core.term, waiter, time.monotonic())
         self._schedule()
         return waiter
+
+    def _append_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        if len(batch) == 1:
+            data = batch[0][0]
+        else:
+            data = command_codec.encode_batch([data for data, _ in batch])
+            self.stats["batched_proposals"] += len(batch)
+        self._append(lambda: self.core.propose(data), [waiter for _, waiter in batch])
+
+    def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
+        waiter = self._loop.create_future()
+        if not self._refused(waiter, 0):
+            self._append(lambda: self.core.propose_conf_change(change), [waiter])
+            self.stats["proposals"] += 1
+            self._schedule()
+        return waiter
+
+    def _refused(self, waiter: asyncio.Future, queued: int) -> bool:
+        if self.halted is not None:
+            waiter.set_exception(MooncakedError(ErrorCode.INTERNAL_ERROR, "this node stopped"))
+            return True
+        if len(self._proposals) + queued >= self.max_pending_proposals:
+            waiter.set_exception(MooncakedError(ErrorCode.BUSY, "too many proposals pending"))
+            return True
+        return False
+
+    def _append(self, append: Callable[[], int], waiters: list[asyncio.Future]) -> None:
+        try:
+            index = append()
+        except (NotLeader, ProposalDropped) as exc:
+            if isinstance(exc, NotLeader):
+                error = MooncakedError(ErrorCode.NO_LEADER, f"this node is not the leader "
+                                       f"(leader: {exc.leader or 'unknown'})")
+            else:
+                error = MooncakedError(ErrorCode.NO_LEADER, f"not accepted: {exc}")
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        self._proposals[index] = (self.core.term, waiters, time.monotonic())
 
     def _expire_proposals(self) -> None:
         if not self._proposals or self.role == Role.LEADER:
             return
         deadline = time.monotonic() - self.proposal_timeout_ms / 1000
-        for index, (_, waiter, proposed_at) in list(self._proposals.items()):
+        for index, (_, waiters, proposed_at) in list(self._proposals.items()):
             if proposed_at < deadline:
                 del self._proposals[index]
-                if not waiter.done():
-                    waiter.set_exception(MooncakedError(
-                        ErrorCode.OUTCOME_UNKNOWN, "leadership changed while the request was "
-                        "in the log; it may or may not take effect"))
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(MooncakedError(
+                            ErrorCode.OUTCOME_UNKNOWN, "leadership changed while the request "
+                            "was in the log; it may or may not take effect"))
 
     def _fail_all(self, error: MooncakedError) -> None:
         proposals, self._proposals = self._proposals, {}
-        for _, waiter, _ in proposals.values():
+        batch, self._batch = self._batch, []
+        waiters = [w for _, ws, _ in proposals.values() for w in ws] + [w for _, w in batch]
+        for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)
         self._fail_reads(error)
@@ -421,6 +462,14 @@ class RaftNode:
         self._reads_unsent.append(waiter)
         self._schedule()
         return waiter
+
+    def leads_now(self) -> bool:
+        """Whether this node is the leader, sure of it without a round (alone, or within its
+        check-quorum lease); else read_barrier confirms it."""
+        if self.halted is not None:
+            return False
+        self._catch_up_ticks()
+        return self.core.serves_reads_now()
 
     def _submit_reads(self) -> None:
         # Only reads that arrived before this call share its index: a read that arrives later
@@ -469,5 +518,6 @@ class RaftNode:
     def status(self) -> dict:
         status = dict(self.core.status())
         status.update(applied=self.applied_index, snapshot_index=self.snapshot_index,
-                      pending_proposals=len(self._proposals), **self.stats)
+                      pending_proposals=len(self._proposals) + len(self._batch),
+                      **self.stats)
         return status

@@ -177,12 +177,8 @@ class ClusterService:
             heartbeat_ticks=cc.heartbeat_ticks, tick_ms=cc.tick_ms, read_mode=cc.read_mode,
             snapshot_entries=cc.snapshot_entries, max_pending_proposals=cc.max_pending_proposals,
             proposal_timeout_ms=cc.rpc_timeout_ms, initial_voters=voters, send=self._send_raft)
-        self.master = ReplicatedMaster(daemon.master.state, daemon.config.store, self.raft,
-                                       seed=int.from_bytes(os.urandom(8), "little"))
-        daemon.master = self.master
-        # Ages and leases in reports (objects stat, status, metrics) on the log's clock, as
-        # the master grants them, not this process's own monotonic clock.
-        daemon.now_ms = self.master.now_ms
+        self.master = daemon.master  # the daemon built it for cluster mode
+        self.master.attach(self.raft)
         self.raft.on_role_change = self._role_changed
         self.raft.on_applied = self._applied
         self.raft.on_conf_change = self._conf_changed
@@ -372,6 +368,15 @@ class ClusterService:
                         "%s", ", ".join(differences))
 
     # -- registration -------------------------------------------------------------------------
+
+    async def until_registered(self) -> None:
+        """Wait (within the leader wait) while this node's segments are not mounted in the log
+        (at start, or after it was declared down): a put placed meanwhile could not use them,
+        and placement no longer waits in the log behind the registration."""
+        deadline = time.monotonic() + self._leader_wait_s()
+        while self.registered_term < 0 and not self.removed and not self.leaving \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(self.cluster_config.tick_ms / 1000)
 
     def _register_soon(self) -> None:
         if self.leaving or self.removed:

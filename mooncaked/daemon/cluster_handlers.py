@@ -20,11 +20,13 @@ import time
 from mooncaked.cluster.peer_transport import uninitialized_bytearray
 from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
+from mooncaked.daemon import params as params_check
 from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica
+from mooncaked.raft.types import Role
 
 _TRUE = Reply(True)
 _FALSE = Reply(False)
@@ -57,12 +59,17 @@ PUT_ATTEMPTS = 3  # a put whose replica node cannot be reached is placed anew th
 
 async def _store_value(conn, key, value, config: ReplicateConfig,
                        upsert: bool) -> MooncakedError | None:
-    """Put one value: PutStart, the bytes to every replica, PutEnd. None, or the error.
+    """Put one value: its ranges from the leader (put_start: parts of the leader's arenas,
+    cluster/arenas.py), the bytes to every replica, then put_end, which commits the whole put
+    in one log command. None, or the error.
 
     When a replica's node cannot be reached, the put is revoked and placed again (the node
-    may be gone but not yet declared down), up to PUT_ATTEMPTS times.
+    may be gone but not yet declared down), up to PUT_ATTEMPTS times; so is a put whose
+    put_end reached a leader that did not start it.
     """
     service = conn.daemon.cluster
+    if service.registered_term < 0:
+        await service.until_registered()
     wire_config = config_to_wire(_placement(conn, config))
     for attempt in range(PUT_ATTEMPTS):
         writer = _writer_id(conn)
@@ -86,16 +93,20 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
         try:
             await service.meta("put_end", [list(key), writer])
         except MooncakedError as exc:
-            return exc
+            # INVALID_WRITE: the put was not committed and no longer can be (it reached a
+            # leader that did not start it, or took too long); it is placed anew.
+            if exc.code != ErrorCode.INVALID_WRITE or attempt + 1 == PUT_ATTEMPTS:
+                return exc
+            continue
         return None
 
 
 def _put(conn, params: list, payload_length: int, upsert: bool):
-    single._arity(params, 1, 2, "[key, config?]")
-    key = single._key(conn, params[0])
-    config = single._replicate_config(conn, single._optional(params, 1, None))
+    params_check.arity(params, 1, 2, "[key, config?]")
+    key = params_check.key(conn, params[0])
+    config = params_check.replicate_config(conn, params_check.optional(params, 1, None))
     if payload_length == 0:
-        raise single._invalid("a value must have at least 1 byte")
+        raise params_check.invalid("a value must have at least 1 byte")
     value = uninitialized_bytearray(payload_length)  # the payload fills it all before use
 
     async def complete() -> Reply:
@@ -117,15 +128,15 @@ def handle_upsert(conn, params: list, payload_length: int):
 
 
 def handle_batch_put(conn, params: list, payload_length: int):
-    single._arity(params, 2, 3, "[keys, sizes, config?]")
-    keys = single._keys(conn, params[0])
-    sizes = single._sizes(params[1], len(keys))
-    config = single._replicate_config(conn, single._optional(params, 2, None))
+    params_check.arity(params, 2, 3, "[keys, sizes, config?]")
+    keys = params_check.keys(conn, params[0])
+    sizes = params_check.sizes(params[1], len(keys))
+    config = params_check.replicate_config(conn, params_check.optional(params, 2, None))
     if sum(sizes) != payload_length:
-        raise single._invalid(f"sizes add up to {sum(sizes)} but the payload has "
+        raise params_check.invalid(f"sizes add up to {sum(sizes)} but the payload has "
                               f"{payload_length} bytes")
     if len(set(keys)) != len(keys):
-        raise single._invalid("a batch must not repeat a key")
+        raise params_check.invalid("a batch must not repeat a key")
     value = bytearray(payload_length)
     view = memoryview(value)
 
@@ -161,8 +172,8 @@ async def _value_of(conn, version):
 
 
 def handle_get(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         started = time.monotonic()  # the lease starts later, when the leader grants it
@@ -213,9 +224,9 @@ def handle_get_staged(conn, params: list, payload_length: int):
     holds until it releases it; [nil, size] and the value as payload when the area has no
     room for it. `release` (ranges of earlier answers) is handed back first."""
     staging = _staging_of(conn)
-    single._arity(params, 1, 2, "[key, release?]")
-    staging.release(conn.connection_id, single._optional(params, 1, []))
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 2, "[key, release?]")
+    staging.release(conn.connection_id, params_check.optional(params, 1, []))
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         started = time.monotonic()  # the lease starts later, when the leader grants it
@@ -260,14 +271,14 @@ async def _read_into(conn, locations: list, size: int, target: memoryview) -> No
 def handle_release_staged(conn, params: list, payload_length: int) -> Reply:
     """Hand back staged ranges without reading another value."""
     staging = _staging_of(conn)
-    single._arity(params, 1, 1, "[release]")
+    params_check.arity(params, 1, 1, "[release]")
     staging.release(conn.connection_id, params[0])
     return _ZERO
 
 
 def handle_exists(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         (version,) = await _read(conn, [key])
@@ -276,8 +287,8 @@ def handle_exists(conn, params: list, payload_length: int):
 
 
 def handle_get_size(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[key]")
-    key = single._key(conn, params[0])
+    params_check.arity(params, 1, 1, "[key]")
+    key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
         (version,) = await _read(conn, [key])
@@ -288,8 +299,8 @@ def handle_get_size(conn, params: list, payload_length: int):
 
 
 def handle_batch_get(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[keys]")
-    keys = single._keys(conn, params[0])
+    params_check.arity(params, 1, 1, "[keys]")
+    keys = params_check.keys(conn, params[0])
 
     async def run() -> Reply:
         started = time.monotonic()
@@ -303,8 +314,8 @@ def handle_batch_get(conn, params: list, payload_length: int):
 
 
 def handle_batch_exists(conn, params: list, payload_length: int):
-    single._arity(params, 1, 1, "[keys]")
-    keys = single._keys(conn, params[0])
+    params_check.arity(params, 1, 1, "[keys]")
+    keys = params_check.keys(conn, params[0])
 
     async def run() -> Reply:
         return Reply([0 if v is None else 1 for v in await _read(conn, keys)])
@@ -312,9 +323,9 @@ def handle_batch_exists(conn, params: list, payload_length: int):
 
 
 def handle_remove(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[key, force?]")
-    key = single._key(conn, params[0])
-    force = single._bool(single._optional(params, 1, False), "force")
+    params_check.arity(params, 1, 2, "[key, force?]")
+    key = params_check.key(conn, params[0])
+    force = params_check.as_bool(params_check.optional(params, 1, False), "force")
 
     async def run() -> Reply:
         await conn.daemon.cluster.meta("remove", [list(key), force])
@@ -323,9 +334,9 @@ def handle_remove(conn, params: list, payload_length: int):
 
 
 def handle_batch_remove(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[keys, force?]")
-    keys = single._keys(conn, params[0])
-    force = single._bool(single._optional(params, 1, False), "force")
+    params_check.arity(params, 1, 2, "[keys, force?]")
+    keys = params_check.keys(conn, params[0])
+    force = params_check.as_bool(params_check.optional(params, 1, False), "force")
 
     async def one(key) -> int:
         try:
@@ -347,21 +358,21 @@ def _remove_matching(conn, pattern: str | None, force: bool):
 
 
 def handle_remove_by_regex(conn, params: list, payload_length: int):
-    single._arity(params, 1, 2, "[pattern, force?]")
+    params_check.arity(params, 1, 2, "[pattern, force?]")
     if type(params[0]) is not str:
-        raise single._invalid("pattern must be a str")
+        raise params_check.invalid("pattern must be a str")
     try:
         re.compile(params[0])
     except re.error as exc:
-        raise single._invalid(f"bad regular expression: {exc}") from None
+        raise params_check.invalid(f"bad regular expression: {exc}") from None
     return _remove_matching(conn, params[0],
-                            single._bool(single._optional(params, 1, False), "force"))
+                            params_check.as_bool(params_check.optional(params, 1, False), "force"))
 
 
 def handle_remove_all(conn, params: list, payload_length: int):
-    single._arity(params, 0, 1, "[force?]")
+    params_check.arity(params, 0, 1, "[force?]")
     return _remove_matching(conn, None,
-                            single._bool(single._optional(params, 0, False), "force"))
+                            params_check.as_bool(params_check.optional(params, 0, False), "force"))
 
 
 def _no_shared_memory(conn, params: list, payload_length: int):
@@ -374,22 +385,22 @@ def _no_shared_memory(conn, params: list, payload_length: int):
 
 def _node_id(value) -> int:
     if type(value) is not int or not 1 <= value <= 65535:
-        raise single._invalid("a node id is an int in 1..65535")
+        raise params_check.invalid("a node id is an int in 1..65535")
     return value
 
 
 def handle_cluster_status(conn, params: list, payload_length: int) -> Reply:
-    single._arity(params, 0, 0, "[]")
+    params_check.arity(params, 0, 0, "[]")
     staging = conn.daemon.get_staging
     return Reply({**conn.daemon.cluster.status(),
                   "get_staging": None if staging is None else staging.status()})
 
 
 def handle_cluster_add(conn, params: list, payload_length: int):
-    single._arity(params, 2, 2, "[node_id, peer_address]")
+    params_check.arity(params, 2, 2, "[node_id, peer_address]")
     node_id = _node_id(params[0])
     if type(params[1]) is not str or ":" not in params[1]:
-        raise single._invalid("peer_address is host:port")
+        raise params_check.invalid("peer_address is host:port")
 
     async def run() -> Reply:
         await conn.daemon.cluster.meta("join", [node_id, params[1]])
@@ -399,7 +410,7 @@ def handle_cluster_add(conn, params: list, payload_length: int):
 
 def _leader_call(method: str):
     def handler(conn, params: list, payload_length: int):
-        single._arity(params, 1, 1, "[node_id]")
+        params_check.arity(params, 1, 1, "[node_id]")
         node_id = _node_id(params[0])
 
         async def run() -> Reply:
@@ -419,7 +430,7 @@ def handle_quota_set(conn, params: list, payload_length: int):
 
 def handle_cluster_settings_set(conn, params: list, payload_length: int):
     """Change the cluster's [store] settings through the log; nil keeps one."""
-    single._arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
+    params_check.arity(params, 4, 4, "[max_objects, put_start_discard_timeout_ms, "
                   "put_start_release_timeout_ms, allocation_strategy] (nil keeps a value)")
 
     async def run() -> Reply:
@@ -451,6 +462,33 @@ def _members_only(handler):
 
 for _name in ("objects_list", "object_stat", "segments", "quota_list"):
     _OVERRIDES[_name] = _members_only(single.HANDLERS[_name])
+
+
+def _object_stat(conn, params: list, payload_length: int) -> Reply:
+    """As on a single node; on the leader, a put in progress that the log does not know yet
+    (it commits whole, cluster/arenas.py) shows as `writing` too."""
+    try:
+        return _members_only(single.HANDLERS["object_stat"])(conn, params, payload_length)
+    except MooncakedError as exc:
+        if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+            raise
+        namespace = params_check.optional(params, 1, conn.namespace)
+        master = conn.daemon.master
+        puts = master.arenas.pending.get((namespace, params[0])) \
+            if conn.daemon.cluster.raft.role == Role.LEADER else None
+        put = next((p for p in (puts or {}).values() if p.parts is not None), None)
+        if put is None:
+            raise
+        return Reply({"namespace": namespace, "key": params[0], "size_bytes": put.size_bytes,
+                      "state": "writing",
+                      "replicas": [{"segment_id": arena.segment_id, "offset": offset}
+                                   for arena, offset in put.parts],
+                      "lease_expires_in_ms": 0, "soft_pin_expires_in_ms": None,
+                      "hard_pin": put.hard_pin,
+                      "created_ms_ago": master.now_ms() - put.started_ms})
+
+
+_OVERRIDES["object_stat"] = _object_stat
 
 HANDLERS = {**single.HANDLERS, **_OVERRIDES}
 PAYLOAD_METHODS = single.PAYLOAD_METHODS

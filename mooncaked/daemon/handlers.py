@@ -11,6 +11,7 @@ from typing import Any
 
 from mooncaked import __version__
 from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.daemon import params as params_module
 from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.meta.commands import QUOTA_DEFAULT, RESERVED_NAMESPACE
@@ -29,90 +30,16 @@ _TRUE = Reply(True)
 _FALSE = Reply(False)
 _ZERO = Reply(0)
 
-
-def _invalid(message: str) -> MooncakedError:
-    return MooncakedError(ErrorCode.INVALID_PARAMS, message)
-
-
-def _arity(params: list, least: int, most: int, usage: str) -> None:
-    if not least <= len(params) <= most:
-        raise _invalid(f"expected params {usage}, got {len(params)} values")
-
-
-def _optional(params: list, index: int, default: Any) -> Any:
-    if len(params) > index and params[index] is not None:
-        return params[index]
-    return default
-
-
-def _bool(value: Any, name: str) -> bool:
-    if type(value) is not bool:
-        raise _invalid(f"{name} must be a bool")
-    return value
-
-
-def _int(value: Any, name: str, minimum: int = 0) -> int:
-    if type(value) is not int or value < minimum:
-        raise _invalid(f"{name} must be an int >= {minimum}")
-    return value
-
-
-def _key(conn, value: Any) -> tuple[str, str]:
-    if type(value) is not str or not value:
-        raise _invalid("a key must be a non-empty str")
-    limit = conn.daemon.max_key_bytes
-    # UTF-8 takes 1 to 4 bytes a character: encode only when the length alone cannot decide.
-    if len(value) > limit or (4 * len(value) > limit and len(value.encode()) > limit):
-        raise _invalid(f"a key must be at most {limit} UTF-8 bytes")
-    return (conn.namespace, value)
-
-
-def _keys(conn, value: Any) -> list[tuple[str, str]]:
-    if type(value) is not list:
-        raise _invalid("keys must be an array of str")
-    if len(value) > conn.daemon.max_batch_keys:
-        raise _invalid(f"a batch holds at most {conn.daemon.max_batch_keys} keys")
-    return [_key(conn, k) for k in value]
-
-
-def _sizes(value: Any, count: int) -> list[int]:
-    if type(value) is not list or len(value) != count:
-        raise _invalid("sizes must be an array with one int per key")
-    for size in value:
-        if type(size) is not int or size <= 0:
-            raise _invalid("each size must be an int >= 1")
-    return value
-
-
-_CONFIG_KEYS = {"replica_num", "preferred_segments", "with_soft_pin", "soft_pin_ttl_ms",
-                "with_hard_pin"}
-_DEFAULT_CONFIG = ReplicateConfig()
-
-
-def _replicate_config(conn, value: Any) -> ReplicateConfig:
-    if value is None:
-        return _DEFAULT_CONFIG
-    if type(value) is not dict:
-        raise _invalid("config must be a map or nil")
-    unknown = set(value) - _CONFIG_KEYS
-    if unknown:
-        raise _invalid(f"unknown config keys: {', '.join(sorted(map(str, unknown)))}")
-    replica_num = _int(value.get("replica_num", 1), "replica_num", 1)
-    preferred = value.get("preferred_segments", [])
-    if type(preferred) is not list or any(type(p) is not str for p in preferred):
-        raise _invalid("preferred_segments must be an array of str")
-    soft_pin = _bool(value.get("with_soft_pin", False), "with_soft_pin")
-    ttl = value.get("soft_pin_ttl_ms")
-    if ttl is not None:
-        if not soft_pin:
-            raise _invalid("soft_pin_ttl_ms needs with_soft_pin")
-        ttl = _int(ttl, "soft_pin_ttl_ms", 1)
-    elif soft_pin:
-        ttl = conn.daemon.config.store.soft_pin_ttl_ms
-    config = ReplicateConfig(replica_num, tuple(preferred), ttl,
-                             _bool(value.get("with_hard_pin", False), "with_hard_pin"))
-    conn.daemon.master.check_replicate_config(config)
-    return config
+# The checks of request params, shared with the cluster's handlers (daemon/params.py).
+_invalid = params_module.invalid
+_arity = params_module.arity
+_optional = params_module.optional
+_bool = params_module.as_bool
+_int = params_module.as_int
+_key = params_module.key
+_keys = params_module.keys
+_sizes = params_module.sizes
+_replicate_config = params_module.replicate_config
 
 
 # -- handshake ----------------------------------------------------------------------------------

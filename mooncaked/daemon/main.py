@@ -67,7 +67,6 @@ class Daemon:
         # A put's payload goes into ranges the release sweep frees this long after the start.
         self.put_payload_timeout_ms = min(server.payload_timeout_ms, max(
             1, config.store.put_start_release_timeout_ms // 2))
-        self.now_ms = monotonic_ms
         self.handlers = handlers.HANDLERS
         self.payload_methods = handlers.PAYLOAD_METHODS  # see Connection._dispatch
         self.stats = Stats(self.handlers)
@@ -89,7 +88,22 @@ class Daemon:
             put_start_discard_timeout_ms=settings.put_start_discard_timeout_ms,
             put_start_release_timeout_ms=settings.put_start_release_timeout_ms,
             allocation_strategy=settings.allocation_strategy)
-        self.master = Master(state, store, seed=int.from_bytes(os.urandom(8), "little"))
+        seed = int.from_bytes(os.urandom(8), "little")
+        if config.cluster.enabled:
+            from mooncaked.cluster.master import ReplicatedMaster
+            # Mutations go through the log (the cluster service attaches it at start); ages
+            # and leases in reports (objects stat, status, metrics) are on the log's clock, as
+            # the master grants them, not this process's own monotonic clock.
+            # An arena that may still receive a write is held after it closes: a part handed
+            # out just before reaches its writer within rpc_timeout_ms, whose write times out
+            # within another, and may land up to the hold a revoked put's ranges get (twice
+            # rpc_timeout_ms, cluster_handlers._store_value) after that.
+            self.master = ReplicatedMaster(
+                state, store, None, seed, arena_bytes=config.cluster.arena_bytes,
+                late_write_ms=4 * config.cluster.rpc_timeout_ms)
+        else:
+            self.master = Master(state, store, seed)
+        self.now_ms = self.master.now_ms if config.cluster.enabled else monotonic_ms
         self.reservations = Reservations(self.master, server.max_reserved_bytes_per_connection)
         if not config.cluster.enabled:
             # A single node's state starts empty: its config is the quotas. (A cluster's come
@@ -350,7 +364,7 @@ class Daemon:
 
     def puts_in_progress(self) -> int:
         """Unfinished puts of clients (reservations are unfinished puts too, not counted)."""
-        return len(self.master.state.pending_order) - len(self.reservations)
+        return self.master.puts_in_progress() - len(self.reservations)
 
     def objects_count(self) -> int:
         """Objects as users see them: readable or being written, not reservations."""

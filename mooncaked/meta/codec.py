@@ -33,8 +33,12 @@ TAGS: dict[type, int] = {
     c.AddReplicas: 13,
     c.MoveCommit: 14,
     c.SetStoreSettings: 15,
-    c.NodeReturn: 16,
-    c.ReleaseDownNode: 17,
+    c.ReserveArena: 16,
+    c.CloseArenas: 17,
+    c.ArenaPut: 18,
+    c.Batch: 19,
+    c.NodeReturn: 20,
+    c.ReleaseDownNode: 21,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -71,6 +75,10 @@ _CHECKS = {
     "pool_namespace": lambda v: v == "" or c.valid_namespace(v),
     "owner_namespace": lambda v: v is None or c.valid_namespace(v),
     "allocation_strategy": lambda v: type(v) is str,
+    "arena_ids": lambda v: type(v) is tuple and all(type(i) is int for i in v),
+    "replicas": lambda v: type(v) is tuple and all(
+        type(r) is tuple and len(r) == 2 and type(r[0]) is int and type(r[1]) is int
+        for r in v),
 }
 
 def _check_fields(cls, values) -> None:
@@ -79,10 +87,20 @@ def _check_fields(cls, values) -> None:
             raise ValueError(f"command {cls.__name__}: bad {name} {field_value!r}")
 
 
+def encode_batch(encoded: list[bytes]) -> bytes:
+    """One Batch entry of commands already encoded (and so checked) by `encode`."""
+    return msgpack.packb([TAGS[c.Batch], encoded], use_bin_type=True)
+
+
 def encode(command) -> bytes:
     """The command's bytes; ValueError for a command `decode` would refuse, so that nothing
     that no node can decode is ever proposed."""
     cls = type(command)
+    if cls is c.Batch:
+        if type(command.commands) is not tuple \
+                or any(type(sub) is c.Batch for sub in command.commands):
+            raise ValueError("command Batch: a tuple of commands, none of them a Batch")
+        return encode_batch([encode(sub) for sub in command.commands])
     if cls not in TAGS:
         raise ValueError(f"command: {cls.__name__} is not a log command")
     try:
@@ -94,15 +112,16 @@ def encode(command) -> bytes:
     return data
 
 
-def decode(data: bytes):
+def decode(data: bytes, in_batch: bool = False):
+    """The command; ValueError for bytes that are not one (`in_batch`: nor a Batch)."""
     try:
         value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise ValueError(f"command: not msgpack ({exc})") from None
-    return _check(value)
+    return _check(value, in_batch)
 
 
-def _check(value):
+def _check(value, in_batch: bool = False):
     if type(value) is not tuple or not value or type(value[0]) is not int:
         raise ValueError("command: expected an array starting with a tag")
     cls = _BY_TAG.get(value[0])
@@ -114,5 +133,12 @@ def _check(value):
                     else f"{_REQUIRED[cls]} to {len(names)}")
         raise ValueError(f"command {cls.__name__}: expected {expected} fields, "
                          f"got {len(value) - 1}")
+    if cls is c.Batch:
+        if in_batch:
+            raise ValueError("command Batch: a batch inside a batch")
+        if len(value) != 2 or type(value[1]) is not tuple \
+                or not all(type(item) is bytes for item in value[1]):
+            raise ValueError("command Batch: expected one array of encoded commands")
+        return c.Batch(tuple(decode(item, in_batch=True) for item in value[1]))
     _check_fields(cls, value[1:])
     return cls(*value[1:])

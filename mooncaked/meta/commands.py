@@ -292,3 +292,79 @@ class SetStoreSettings:
     put_start_discard_timeout_ms: int
     put_start_release_timeout_ms: int
     allocation_strategy: str
+
+
+# Arenas: how a cluster's put takes one log command (ArenaPut) instead of two (PutStart and
+# PutEnd). The state machine's allocator is deterministic and has no allocate-at-offset, so the
+# leader cannot pick a range by itself and have followers take the same one; it can take a
+# large range (an arena) through the log, and then hand out parts of it without the log.
+#
+# - ReserveArena takes an arena in a segment for the leader of `term`; only that leader hands
+#   out parts of it, each part to one put only (it never hands a part out twice).
+# - The put's writer fills its parts, then ArenaPut records the object with its parts as
+#   replicas (arena + offset), in one command. A put that is revoked or never ends needs no
+#   command: its parts are simply never handed out again.
+# - An arena is closed by its leader when full (CloseArenas) and by the first arena command of
+#   a later term (a new leader never hands out parts of an older term's arena: a writer of the
+#   old leader may still be filling them). A closed arena returns to the allocator once no
+#   object uses a part of it and its hold time (`hold_ms`: the longest a late replica write
+#   can take) has passed since it closed.
+# So no range is written by two writers: the replicated allocator never gives an arena's range
+# to anything else while the arena lives, and within an arena one leader hands out each part
+# once; after the arena is freed, every write aimed at it is late by more than the hold time.
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveArena:
+    """Take `size_bytes` of a segment as an arena of the leader of `term`; the result is
+    (arena id, offset). Closes every arena of an earlier term."""
+    segment_id: int
+    size_bytes: int
+    term: int
+    hold_ms: int  # a closed arena is freed no sooner than this after it closed
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseArenas:
+    """Close the listed arenas (full: their leader hands out no more parts of them), each held
+    at most `hold_ms` (0 when every put with a part in it has ended), and every arena of a term
+    before `term` (with the hold it was reserved with)."""
+    term: int
+    arena_ids: tuple[int, ...]
+    hold_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaPut:
+    """A whole put: `object_key` becomes readable with the replicas its writer filled, parts of
+    arenas of `term` given as (arena id, offset), each `size_bytes` long.
+
+    A put fails if the key exists, or is being written by a PutStart younger than the discard
+    timeout; an upsert replaces the readable version (its old bytes are reused only after
+    `replaced_release_at_ms`) unless a later-started upsert of the key has completed: then it
+    succeeds without change (the last upsert to start wins). Refused when the put started more
+    than the release timeout ago (its parts may be in a freed arena), or an arena is not one of
+    `term`'s."""
+    object_key: ObjectKey
+    size_bytes: int
+    replica_num: int  # asked for (repair restores it)
+    replicas: tuple[tuple[int, int], ...]
+    soft_pin_ttl_ms: int | None  # None: no soft pin
+    hard_pin: bool
+    upsert: bool
+    writer_id: int
+    started_ms: int
+    now_ms: int
+    replaced_release_at_ms: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Several commands in one log entry (group commit: one entry, one write and one sync for
+    the commands proposed while the log was busy). Applied in order, each with its own result:
+    the result is a list holding, for each command, its result or the MooncakedError it
+    failed with (one failing changes nothing for the others)."""
+    commands: tuple

@@ -1,9 +1,11 @@
 """The master: store semantics on top of the replicated state machine.
 
-Every mutation goes through `propose(command)`. On a single node that applies the command at
-once; in a cluster the same call will append it to the Raft log and resolve once it is applied.
-What is local to the master and never replicated: read leases, the access order used for
-eviction, and the choice of random seeds.
+Two parts. `MasterPolicy` reads the state and decides: read leases, the access order used for
+eviction, which objects an eviction takes, quota reports, the checks of a put's config. That is
+what is local to a master and never replicated, and it changes nothing in the state machine.
+`Master`, a single node's, adds the mutators, which apply their commands to the state at once
+(`propose`). A cluster's master (cluster/master.py) builds on the policy alone and turns every
+mutation into a log command, so that no call on it changes a node's state outside the log.
 
 Time is passed in (`now_ms`, a monotonic clock in milliseconds); nothing here reads a clock.
 """
@@ -35,7 +37,9 @@ class EvictionStats:
     bytes: int = 0
 
 
-class Master:
+class MasterPolicy:
+    """Reads and decisions over the state; never changes the state machine."""
+
     def __init__(self, state: StateMachine, store_config: StoreConfig, seed: int = 0) -> None:
         self.state = state
         self.config = store_config
@@ -46,9 +50,6 @@ class Master:
         self.access: dict[c.ObjectKey, int] = {}
         self.evictions = EvictionStats()
         self._rng = random.Random(seed)
-
-    def propose(self, command):
-        return self.state.apply(command)
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -80,6 +81,10 @@ class Master:
     def exists(self, key: c.ObjectKey, now_ms: int) -> bool:
         return self.get(key, now_ms) is not None
 
+    def puts_in_progress(self) -> int:
+        """Unfinished puts (reservations included)."""
+        return len(self.state.pending_order)
+
     # -- writes -----------------------------------------------------------------------------
 
     def check_replicate_config(self, config: ReplicateConfig) -> None:
@@ -90,81 +95,7 @@ class Master:
             raise MooncakedError(ErrorCode.INVALID_PARAMS,
                                  f"soft_pin_ttl_ms must be in 1..{self.config.max_soft_pin_ttl_ms}")
 
-    def put_start(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
-                  upsert: bool, writer_id: int, now_ms: int,
-                  owner_namespace: str | None = None) -> list[Replica]:
-        """Start a put; its ranges lie in the pool of `owner_namespace` (None: the key's
-        namespace), and only that pool is evicted from to make room."""
-        if size_bytes <= 0:
-            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a value must have at least 1 byte")
-        command = c.PutStart(key, size_bytes, config.replica_num, config.preferred_segments,
-                             config.soft_pin_ttl_ms, config.hard_pin, upsert, writer_id, now_ms,
-                             self._rng.getrandbits(32), owner_namespace)
-        try:
-            return self.propose(command)
-        except MooncakedError as exc:
-            if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
-                raise
-        # No room: evict what may be evicted, at least enough for this value, and try once more.
-        pool = self.state.pool_of(key[0] if owner_namespace is None else owner_namespace)
-        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1,
-                   pool=self._eviction_pool(pool))
-        return self.propose(command)
-
-    def put_end(self, key: c.ObjectKey, writer_id: int, now_ms: int) -> None:
-        # An upsert's old bytes stay until the end of the key's current read lease.
-        replaced_release_at = max(now_ms, self.lease_end_ms(key))
-        self.propose(c.PutEnd(key, writer_id, now_ms, replaced_release_at))
-        self.access.pop(key, None)
-        self.access[key] = now_ms
-
-    def put_commit(self, reserved_key: c.ObjectKey, key: c.ObjectKey, size_bytes: int,
-                   config: ReplicateConfig, writer_id: int, now_ms: int) -> None:
-        """Store a reserved range as `key` (one replica); OBJECT_ALREADY_EXISTS if it exists."""
-        if config.replica_num != 1 or config.preferred_segments:
-            raise MooncakedError(ErrorCode.INVALID_PARAMS,
-                                 "a reserved range is one replica: replica_num must be 1 "
-                                 "and preferred_segments empty")
-        self.propose(c.PutCommit(reserved_key, key, size_bytes, config.soft_pin_ttl_ms,
-                                 config.hard_pin, writer_id, now_ms))
-        self.access.pop(key, None)
-        self.access[key] = now_ms
-
-    def put_revoke(self, key: c.ObjectKey, writer_id: int) -> None:
-        self.propose(c.PutRevoke(key, writer_id))
-
-    # -- removal ----------------------------------------------------------------------------
-
-    def remove(self, key: c.ObjectKey, force: bool, now_ms: int) -> None:
-        entry = self.state.objects.get(key)
-        if entry is not None and entry.complete is not None and not force \
-                and self.leased(key, now_ms):
-            raise MooncakedError(ErrorCode.OBJECT_HAS_LEASE, "the object has a read lease")
-        # A forced remove hides the object now; its bytes stay until the lease ends.
-        self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
-        self.access.pop(key, None)
-
-    def remove_matching(self, namespace: str | None, pattern: re.Pattern | None, force: bool,
-                        now_ms: int) -> int:
-        """Remove readable objects of a namespace (all if None) whose key matches the pattern.
-
-        Leased objects are skipped unless forced; objects being written are always skipped.
-        """
-        selected = [key for key, entry in self.state.objects.items()
-                    if entry.complete is not None
-                    and (namespace is None or key[0] == namespace)
-                    and (pattern is None or pattern.search(key[1]))
-                    and (force or not self.leased(key, now_ms))]
-        for key in selected:
-            self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
-            self.access.pop(key, None)
-        return len(selected)
-
     # -- quotas -------------------------------------------------------------------------------
-
-    def set_quota(self, namespace: str, max_bytes: int | None, max_objects: int | None) -> None:
-        """Set a namespace's limits (None keeps the current one, 0 = unlimited)."""
-        self.propose(self.quota_command(namespace, max_bytes, max_objects))
 
     def quota_command(self, namespace: str, max_bytes: int | None,
                       max_objects: int | None) -> c.SetQuota:
@@ -190,39 +121,7 @@ class Master:
                            "own_quota": namespace in state.quotas})
         return report
 
-    # -- eviction and expiry ----------------------------------------------------------------
-
-    def tick(self, now_ms: int) -> int:
-        """The periodic sweep: deadlines first, then eviction above the high watermark.
-        Returns what the deadlines released (ranges and unfinished puts)."""
-        released = self.propose(c.ReleaseExpired(now_ms))
-        if not self.state.pool_namespaces:
-            self.evict(now_ms)
-        else:  # each pool against its own watermark: one pool's use frees nothing in another
-            for pool in self.state.pools():
-                self.evict(now_ms, pool=pool)
-        return released
-
-    def _eviction_pool(self, pool: str) -> str | None:
-        return pool if self.state.pool_namespaces else None
-
-    def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0,
-              pool: str | None = None) -> int:
-        """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.
-
-        `pool`: only objects of that pool, against its own capacity (None: the whole store).
-        Returns the number of objects evicted.
-        """
-        chosen = self.choose_evictions(now_ms, need_bytes, need_objects, pool)
-        if not chosen:
-            return 0
-        freed_bytes = self.propose(c.Evict(tuple(chosen)))
-        for key in chosen:
-            self.access.pop(key, None)
-        self.evictions.runs += 1
-        self.evictions.objects += len(chosen)
-        self.evictions.bytes += freed_bytes
-        return len(chosen)
+    # -- eviction ---------------------------------------------------------------------------
 
     def choose_evictions(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0,
                          pool: str | None = None) -> list[c.ObjectKey]:
@@ -306,3 +205,120 @@ class Master:
             chosen.append(key)
             freed += entry.complete.size_bytes * len(entry.complete.replicas)
         return freed
+
+
+class Master(MasterPolicy):
+    """A single node's master: every mutation applies its command to the state at once."""
+
+    def propose(self, command):
+        return self.state.apply(command)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def put_start(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
+                  upsert: bool, writer_id: int, now_ms: int,
+                  owner_namespace: str | None = None) -> list[Replica]:
+        """Start a put; its ranges lie in the pool of `owner_namespace` (None: the key's
+        namespace), and only that pool is evicted from to make room."""
+        if size_bytes <= 0:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a value must have at least 1 byte")
+        command = c.PutStart(key, size_bytes, config.replica_num, config.preferred_segments,
+                             config.soft_pin_ttl_ms, config.hard_pin, upsert, writer_id, now_ms,
+                             self._rng.getrandbits(32), owner_namespace)
+        try:
+            return self.propose(command)
+        except MooncakedError as exc:
+            if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
+                raise
+        # No room: evict what may be evicted, at least enough for this value, and try once more.
+        pool = self.state.pool_of(key[0] if owner_namespace is None else owner_namespace)
+        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1,
+                   pool=self._eviction_pool(pool))
+        return self.propose(command)
+
+    def put_end(self, key: c.ObjectKey, writer_id: int, now_ms: int) -> None:
+        # An upsert's old bytes stay until the end of the key's current read lease.
+        replaced_release_at = max(now_ms, self.lease_end_ms(key))
+        self.propose(c.PutEnd(key, writer_id, now_ms, replaced_release_at))
+        self.access.pop(key, None)
+        self.access[key] = now_ms
+
+    def put_commit(self, reserved_key: c.ObjectKey, key: c.ObjectKey, size_bytes: int,
+                   config: ReplicateConfig, writer_id: int, now_ms: int) -> None:
+        """Store a reserved range as `key` (one replica); OBJECT_ALREADY_EXISTS if it exists."""
+        if config.replica_num != 1 or config.preferred_segments:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                                 "a reserved range is one replica: replica_num must be 1 "
+                                 "and preferred_segments empty")
+        self.propose(c.PutCommit(reserved_key, key, size_bytes, config.soft_pin_ttl_ms,
+                                 config.hard_pin, writer_id, now_ms))
+        self.access.pop(key, None)
+        self.access[key] = now_ms
+
+    def put_revoke(self, key: c.ObjectKey, writer_id: int) -> None:
+        self.propose(c.PutRevoke(key, writer_id))
+
+    # -- removal ----------------------------------------------------------------------------
+
+    def remove(self, key: c.ObjectKey, force: bool, now_ms: int) -> None:
+        entry = self.state.objects.get(key)
+        if entry is not None and entry.complete is not None and not force \
+                and self.leased(key, now_ms):
+            raise MooncakedError(ErrorCode.OBJECT_HAS_LEASE, "the object has a read lease")
+        # A forced remove hides the object now; its bytes stay until the lease ends.
+        self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+        self.access.pop(key, None)
+
+    def remove_matching(self, namespace: str | None, pattern: re.Pattern | None, force: bool,
+                        now_ms: int) -> int:
+        """Remove readable objects of a namespace (all if None) whose key matches the pattern.
+
+        Leased objects are skipped unless forced; objects being written are always skipped.
+        """
+        selected = [key for key, entry in self.state.objects.items()
+                    if entry.complete is not None
+                    and (namespace is None or key[0] == namespace)
+                    and (pattern is None or pattern.search(key[1]))
+                    and (force or not self.leased(key, now_ms))]
+        for key in selected:
+            self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+            self.access.pop(key, None)
+        return len(selected)
+
+    # -- quotas, expiry and eviction ----------------------------------------------------------
+
+    def set_quota(self, namespace: str, max_bytes: int | None, max_objects: int | None) -> None:
+        """Set a namespace's limits (None keeps the current one, 0 = unlimited)."""
+        self.propose(self.quota_command(namespace, max_bytes, max_objects))
+
+    def tick(self, now_ms: int) -> int:
+        """The periodic sweep: deadlines first, then eviction above the high watermark.
+        Returns what the deadlines released (ranges and unfinished puts)."""
+        released = self.propose(c.ReleaseExpired(now_ms))
+        if not self.state.pool_namespaces:
+            self.evict(now_ms)
+        else:  # each pool against its own watermark: one pool's use frees nothing in another
+            for pool in self.state.pools():
+                self.evict(now_ms, pool=pool)
+        return released
+
+    def _eviction_pool(self, pool: str) -> str | None:
+        return pool if self.state.pool_namespaces else None
+
+    def evict(self, now_ms: int, need_bytes: int = 0, need_objects: int = 0,
+              pool: str | None = None) -> int:
+        """Evict oldest-lease-first when usage is over the high watermark, or `need_*` asks.
+
+        `pool`: only objects of that pool, against its own capacity (None: the whole store).
+        Returns the number of objects evicted.
+        """
+        chosen = self.choose_evictions(now_ms, need_bytes, need_objects, pool)
+        if not chosen:
+            return 0
+        freed_bytes = self.propose(c.Evict(tuple(chosen)))
+        for key in chosen:
+            self.access.pop(key, None)
+        self.evictions.runs += 1
+        self.evictions.objects += len(chosen)
+        self.evictions.bytes += freed_bytes
+        return len(chosen)

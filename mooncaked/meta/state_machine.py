@@ -75,6 +75,32 @@ class Replica:
         self.handle = handle
 
 
+class Arena:
+    """A range of a segment that one leader hands out in parts, each to one put (see
+    meta/commands.py ReserveArena). A replica in a part has handle -arena_id (the allocator's
+    handles are >= 0) and is freed by dropping its count in `live`, not by the allocator."""
+    __slots__ = ("arena_id", "segment_id", "handle", "offset", "size_bytes", "term", "hold_ms",
+                 "closed_ms", "live")
+
+    def __init__(self, arena_id: int, segment_id: int, handle: int, offset: int,
+                 size_bytes: int, term: int, hold_ms: int) -> None:
+        self.arena_id = arena_id
+        self.segment_id = segment_id
+        self.handle = handle  # of the whole arena, in the segment's allocator
+        self.offset = offset
+        self.size_bytes = size_bytes
+        self.term = term
+        self.hold_ms = hold_ms
+        self.closed_ms: int | None = None  # None: its leader may still hand out parts
+        self.live = 0  # replicas (complete, pending or deferred) in parts of it
+
+    def release_at_ms(self) -> int | None:
+        """When it returns to the allocator: closed, unused, and held long enough."""
+        if self.closed_ms is None or self.live:
+            return None
+        return self.closed_ms + self.hold_ms
+
+
 class Version:
     """One value of an object: its size, the replicas holding its bytes, and how many replicas
     its put asked for (what repair restores after a node is lost)."""
@@ -114,7 +140,8 @@ class DownNode:
     A NodeUp of the node (a restart: new memory), a NodeDown without keep, or ReleaseDownNode
     drops it all, as a plain NodeDown always did.
     """
-    __slots__ = ("node_id", "generation", "keep_until_ms", "segments", "parked", "held")
+    __slots__ = ("node_id", "generation", "keep_until_ms", "segments", "parked", "held",
+                 "arenas")
 
     def __init__(self, node_id: int, generation: int, keep_until_ms: int) -> None:
         self.node_id = node_id
@@ -123,6 +150,9 @@ class DownNode:
         self.segments: list[Segment] = []  # in the order they had in segment_list
         self.parked: list[ParkedReplica] = []
         self.held: list[tuple[int, Replica]] = []
+        # Arenas on its segments: their parts are among `parked` and `held` (their `live`
+        # counts them); they come back closed with the segments.
+        self.arenas: list[Arena] = []
 
 
 class ObjectEntry:
@@ -243,6 +273,11 @@ class StateMachine:
         # the objects, kept up to date on every path that adds or drops a version or a key).
         self.quotas: dict[str, tuple[int, int]] = {}
         self.usage: dict[str, NamespaceUsage] = {}
+        # Arenas by id (ReserveArena), the last id given, and the latest term of an arena
+        # command: arenas of earlier terms are closed.
+        self.arenas: dict[int, Arena] = {}
+        self.arena_seq = 0
+        self.arena_term = 0
         self._apply = {
             c.MountSegment: self._mount_segment,
             c.UnmountSegment: self._unmount_segment,
@@ -261,6 +296,10 @@ class StateMachine:
             c.AddReplicas: self._add_replicas,
             c.MoveCommit: self._move_commit,
             c.SetStoreSettings: self._set_store_settings,
+            c.ReserveArena: self._reserve_arena,
+            c.CloseArenas: self._close_arenas,
+            c.ArenaPut: self._arena_put,
+            c.Batch: self._batch,
         }
 
     def apply(self, command):
@@ -340,6 +379,13 @@ class StateMachine:
             self.segments[new_id] = segment
             self.segment_list.append(segment)
         self._index_pools()
+        for arena in kept.arenas:
+            # Back closed: the leader that handed out its parts may be gone, so no part of it
+            # is handed out again; it returns to its segment once nothing uses it.
+            arena.segment_id = renamed[arena.segment_id]
+            if arena.closed_ms is None:
+                arena.closed_ms = cmd.now_ms
+            self.arenas[arena.arena_id] = arena
 
         def moved(replica: Replica) -> Replica:
             return Replica(renamed[replica.segment_id], replica.offset, replica.handle)
@@ -477,6 +523,11 @@ class StateMachine:
         heapq.heapify(kept)
         self._deferred = kept
         self.deferred_bytes = sum(self._size_of(rs) for _, _, rs in kept)
+        for arena_id in [a for a, arena in self.arenas.items()
+                         if arena.segment_id == cmd.segment_id]:
+            arena = self.arenas.pop(arena_id)
+            if keep is not None:
+                keep.arenas.append(arena)
         return lost
 
     # -- puts -------------------------------------------------------------------------------
@@ -509,19 +560,7 @@ class StateMachine:
             raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
                                  f"no segment of {where} has {cmd.size_bytes} free bytes")
         if entry is not None and entry.pending is not None:
-            # Preempt the unfinished write: its writer may still be copying into its ranges, so
-            # they are reused only after the release timeout, as in Mooncake Store.
-            pending = entry.pending
-            release_at = pending.started_ms + self.release_timeout_ms
-            seq = self._defer(pending.replicas, release_at)
-            if cmd.upsert and entry.pending_upsert and pending.writer_id != cmd.writer_id:
-                # Upsert over upsert: the earlier one may still end (PreemptedWrite).
-                self.preempted.setdefault(key, {})[pending.writer_id] = PreemptedWrite(
-                    pending.size_bytes, pending.started_ms, entry.soft_pin_ttl_ms,
-                    entry.hard_pin, seq, release_at, pending.replica_num)
-            self._charge(key, -preempted)
-            entry.pending = None
-            del self.pending_order[key]
+            self._preempt_pending(key, entry, cmd.upsert, cmd.writer_id)
         self._forget_preempted(key, cmd.writer_id)  # its writer starts anew
         if entry is None:
             entry = ObjectEntry(cmd.hard_pin, cmd.now_ms)
@@ -535,6 +574,23 @@ class StateMachine:
         entry.soft_pin_ttl_ms = cmd.soft_pin_ttl_ms
         self.pending_order[key] = cmd.now_ms
         return replicas
+
+    def _preempt_pending(self, key: c.ObjectKey, entry: ObjectEntry, upsert: bool,
+                         writer_id: int) -> None:
+        """Preempt the key's unfinished write: its writer may still be copying into its
+        ranges, so they are reused only after the release timeout, as in Mooncake Store."""
+        pending = entry.pending
+        release_at = pending.started_ms + self.release_timeout_ms
+        seq = self._defer(pending.replicas, release_at)
+        if upsert and entry.pending_upsert and pending.writer_id != writer_id:
+            # Upsert over upsert: the earlier one may still end (PreemptedWrite).
+            self.preempted.setdefault(key, {})[pending.writer_id] = PreemptedWrite(
+                pending.size_bytes, pending.started_ms, entry.soft_pin_ttl_ms,
+                entry.hard_pin, seq, release_at, pending.replica_num)
+        self._charge(key, -_version_bytes(pending))
+        entry.pending = None
+        entry.pending_upsert = False
+        del self.pending_order[key]
 
     def _owned_pending(self, key: c.ObjectKey, writer_id: int) -> ObjectEntry:
         entry = self.objects.get(key)
@@ -818,6 +874,11 @@ class StateMachine:
             _, _, replicas = heapq.heappop(self._deferred)
             self.deferred_bytes -= self._release(replicas)
             released += 1
+        for arena in [a for a in self.arenas.values()
+                      if a.release_at_ms() is not None and a.release_at_ms() <= cmd.now_ms]:
+            self.segments[arena.segment_id].allocator.free(arena.handle)
+            del self.arenas[arena.arena_id]
+            released += 1
         # Preempted upserts whose ranges' deadline passed: their write is void.
         for key in [k for k, records in self.preempted.items()
                     if any(r.release_at_ms <= cmd.now_ms for r in records.values())]:
@@ -827,6 +888,132 @@ class StateMachine:
             if not records:
                 del self.preempted[key]
         return released
+
+    def _batch(self, cmd: c.Batch) -> list:
+        """Each command's result, or the MooncakedError it failed with (c.Batch)."""
+        results = []
+        for command in cmd.commands:
+            try:
+                results.append(self.apply(command))
+            except MooncakedError as exc:
+                results.append(exc)
+        return results
+
+    # -- arenas (meta/commands.py ReserveArena) ----------------------------------------------
+
+    def _arena_fence(self, term: int, now_ms: int) -> None:
+        """Refuse a command of a term before the latest arena command's; a later term closes
+        every arena of the earlier ones (their leader's writers may still be filling parts)."""
+        if term < self.arena_term:
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 f"term {term} is over: the leader of term {self.arena_term} "
+                                 "has taken arenas since")
+        if term > self.arena_term:
+            self.arena_term = term
+            for arena in self.arenas.values():
+                if arena.term < term and arena.closed_ms is None:
+                    arena.closed_ms = now_ms
+
+    def _reserve_arena(self, cmd: c.ReserveArena) -> tuple[int, int]:
+        if cmd.size_bytes <= 0 or cmd.hold_ms < 0:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "an arena needs a size and a hold")
+        self._arena_fence(cmd.term, cmd.now_ms)
+        segment = self.segments.get(cmd.segment_id)
+        if segment is None:
+            raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND, f"segment {cmd.segment_id}")
+        allocation = segment.allocate(cmd.size_bytes)
+        if allocation is None:
+            raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
+                                 f"segment {segment.name} has no {cmd.size_bytes} free bytes "
+                                 "in one range")
+        offset, handle = allocation
+        self.arena_seq += 1
+        self.arenas[self.arena_seq] = Arena(self.arena_seq, cmd.segment_id, handle, offset,
+                                            segment.allocator.allocation_size(handle),
+                                            cmd.term, cmd.hold_ms)
+        return self.arena_seq, offset
+
+    def _close_arenas(self, cmd: c.CloseArenas) -> int:
+        """Returns how many arenas it closed."""
+        if cmd.hold_ms < 0:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a hold is >= 0")
+        self._arena_fence(cmd.term, cmd.now_ms)
+        closed = 0
+        for arena_id in cmd.arena_ids:
+            arena = self.arenas.get(arena_id)
+            if arena is not None and arena.closed_ms is None:
+                arena.closed_ms = cmd.now_ms
+                arena.hold_ms = min(arena.hold_ms, cmd.hold_ms)
+                closed += 1
+        return closed
+
+    def _arena_put(self, cmd: c.ArenaPut) -> Version | None:
+        """Record a whole put (c.ArenaPut); returns the version it replaced (an upsert's)."""
+        self._arena_fence(cmd.term, cmd.now_ms)
+        if cmd.size_bytes <= 0 or cmd.replica_num < 1 or not cmd.replicas:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a put needs a size and replicas")
+        if cmd.now_ms - cmd.started_ms > self.release_timeout_ms:
+            raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                 f"the put started {cmd.now_ms - cmd.started_ms} ms ago, more "
+                                 f"than put_start_release_timeout_ms ({self.release_timeout_ms})")
+        key = cmd.object_key
+        pool = self.pool_of(key[0])
+        replicas, segment_ids = [], set()
+        for arena_id, offset in cmd.replicas:
+            arena = self.arenas.get(arena_id)
+            if arena is None or arena.term != cmd.term:
+                raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                     f"arena {arena_id} is not one of term {cmd.term}'s (its "
+                                     "segment was dropped, or it was freed)")
+            if not arena.offset <= offset <= arena.offset + arena.size_bytes - cmd.size_bytes:
+                raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                     f"{cmd.size_bytes} bytes at {offset} are not in arena "
+                                     f"{arena_id}")
+            if arena.segment_id in segment_ids \
+                    or self.segments[arena.segment_id].pool_namespace != pool:
+                raise MooncakedError(ErrorCode.INVALID_WRITE,
+                                     "two replicas on one segment, or one outside the pool of "
+                                     "the key's namespace")
+            segment_ids.add(arena.segment_id)
+            replicas.append(Replica(arena.segment_id, offset, -arena_id))
+        entry = self.objects.get(key)
+        if entry is not None and not cmd.upsert:
+            if entry.complete is not None:
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS, "the key exists")
+            if cmd.now_ms - entry.pending.started_ms < self.discard_timeout_ms:
+                raise MooncakedError(ErrorCode.OBJECT_ALREADY_EXISTS,
+                                     "the key is being written")
+        if cmd.upsert and entry is not None and entry.complete is not None \
+                and entry.complete.started_ms > cmd.started_ms:
+            return None  # a later-started upsert completed first: it wins
+        if entry is None and len(self.objects) >= self.max_objects:
+            raise MooncakedError(ErrorCode.NO_AVAILABLE_HANDLE,
+                                 f"the object table is full ({self.max_objects} objects)")
+        replaced = entry.complete if entry is not None else None
+        preempted = _version_bytes(entry.pending) if entry is not None else 0
+        self._check_quota(key, cmd.size_bytes * len(replicas) - _version_bytes(replaced)
+                          - preempted, 1 if entry is None else 0)
+        # Checked: apply.
+        if entry is not None and entry.pending is not None:
+            self._preempt_pending(key, entry, cmd.upsert, cmd.writer_id)
+        self._forget_preempted(key, cmd.writer_id)
+        for record in self.preempted.get(key, {}).values():
+            if record.started_ms <= cmd.started_ms:
+                record.superseded = True  # started before this one, which completed
+        if entry is None:
+            entry = ObjectEntry(cmd.hard_pin, cmd.now_ms)
+            self._add_object(key, entry)
+        if replaced is not None:
+            self._defer(replaced.replicas, cmd.replaced_release_at_ms)
+            self._charge(key, -_version_bytes(replaced))
+        entry.complete = Version(cmd.size_bytes, replicas, cmd.writer_id, cmd.started_ms,
+                                 cmd.replica_num)
+        self._charge(key, _version_bytes(entry.complete))
+        for replica in replicas:
+            self.arenas[-replica.handle].live += 1
+        if cmd.soft_pin_ttl_ms is not None:
+            entry.soft_pin_deadline_ms = cmd.now_ms + cmd.soft_pin_ttl_ms
+        return replaced
 
     # -- store settings -----------------------------------------------------------------------
 
@@ -947,12 +1134,20 @@ class StateMachine:
         return self._deferred_seq
 
     def _size_of(self, replicas: list[Replica]) -> int:
+        """Allocator bytes of ranges (a part of an arena counts none: the arena holds them)."""
         return sum(self.segments[r.segment_id].allocator.allocation_size(r.handle)
-                   for r in replicas if r.segment_id in self.segments)
+                   for r in replicas if r.handle >= 0 and r.segment_id in self.segments)
 
     def _release(self, replicas: list[Replica]) -> int:
+        """Free ranges; returns the allocator bytes freed (a part of an arena frees none: its
+        arena is freed later, once closed, unused and held, by ReleaseExpired)."""
         freed = 0
         for replica in replicas:
+            if replica.handle < 0:
+                arena = self.arenas.get(-replica.handle)
+                if arena is not None:
+                    arena.live -= 1
+                continue
             segment = self.segments.get(replica.segment_id)
             if segment is not None:
                 freed += segment.allocator.free(replica.handle)
@@ -969,6 +1164,9 @@ class StateMachine:
                 return True
         if any(r.release_at_ms <= now_ms
                for records in self.preempted.values() for r in records.values()):
+            return True
+        if any(a.release_at_ms() is not None and a.release_at_ms() <= now_ms
+               for a in self.arenas.values()):
             return True
         return bool(self._deferred) and self._deferred[0][0] <= now_ms
 
@@ -987,9 +1185,9 @@ class StateMachine:
         return sorted({s.pool_namespace for s in self.segment_list})
 
     def owned_bytes(self, segment_id: int) -> int:
-        """Bytes of the segment's ranges that the state owns: complete and pending versions
-        and deferred releases. The allocator's free bytes are the segment's size minus this;
-        anything else is space leaked."""
+        """Bytes of the segment's ranges that the state owns: complete and pending versions,
+        deferred releases and arenas (whose parts count with their arena). The allocator's
+        free bytes are the segment's size minus this; anything else is space leaked."""
         segment = self.segments[segment_id]
         size_of = segment.allocator.allocation_size
         owned = 0
@@ -997,14 +1195,18 @@ class StateMachine:
             for version in (entry.complete, entry.pending):
                 if version is not None:
                     owned += sum(size_of(r.handle) for r in version.replicas
-                                 if r.segment_id == segment_id)
+                                 if r.segment_id == segment_id and r.handle >= 0)
         for _, _, replicas in self._deferred:
-            owned += sum(size_of(r.handle) for r in replicas if r.segment_id == segment_id)
+            owned += sum(size_of(r.handle) for r in replicas
+                         if r.segment_id == segment_id and r.handle >= 0)
+        owned += sum(size_of(a.handle) for a in self.arenas.values()
+                     if a.segment_id == segment_id)
         return owned
 
     def check_invariants(self) -> None:
         """Every live range is owned exactly once and the allocators agree (tests use this)."""
         owned: dict[int, list[tuple[int, int]]] = {sid: [] for sid in self.segments}
+        parts: dict[int, list[tuple[int, int, int]]] = {}  # arena id -> (segment, offset, size)
         for key, entry in self.objects.items():
             assert entry.complete is not None or entry.pending is not None, key
             assert (entry.pending is not None) == (key in self.pending_order), key
@@ -1018,10 +1220,32 @@ class StateMachine:
                         assert all(self.segments[sid].pool_namespace == pool
                                    for sid in segment_ids), key
                     for r in version.replicas:
-                        owned[r.segment_id].append((r.offset, r.handle))
+                        if r.handle < 0:
+                            parts.setdefault(-r.handle, []).append(
+                                (r.segment_id, r.offset, version.size_bytes))
+                        else:
+                            owned[r.segment_id].append((r.offset, r.handle))
         for _, _, replicas in self._deferred:
             for r in replicas:
-                owned[r.segment_id].append((r.offset, r.handle))
+                if r.handle < 0:
+                    parts.setdefault(-r.handle, []).append((r.segment_id, r.offset, 0))
+                else:
+                    owned[r.segment_id].append((r.offset, r.handle))
+        for arena_id, arena in self.arenas.items():
+            assert arena.arena_id == arena_id and 0 < arena_id <= self.arena_seq, arena_id
+            assert arena.term <= self.arena_term, arena_id
+            assert arena.closed_ms is not None or arena.term == self.arena_term, arena_id
+            owned[arena.segment_id].append((arena.offset, arena.handle))
+            mine = parts.pop(arena_id, [])
+            assert arena.live == len(mine), (arena_id, arena.live, len(mine))
+            spans = sorted((offset, offset + size) for sid, offset, size in mine)
+            assert all(sid == arena.segment_id for sid, _, _ in mine), arena_id
+            assert all(arena.offset <= start and end <= arena.offset + arena.size_bytes
+                       for start, end in spans), arena_id
+            live_spans = [span for span in spans if span[1] > span[0]]  # deferred: size unknown
+            for (_, end), (start, _) in zip(live_spans, live_spans[1:]):
+                assert end <= start, f"overlapping parts in arena {arena_id}"
+        assert not parts, f"replicas in arenas that do not exist: {sorted(parts)}"
         for segment_id, ranges in owned.items():
             allocator = self.segments[segment_id].allocator
             assert allocator.allocation_count == len(ranges), (
@@ -1040,8 +1264,17 @@ class StateMachine:
                 assert segment.segment_id not in self.segments, segment.segment_id
                 assert c.node_of_segment(segment.segment_id) == node_id
                 ranges_of[segment.segment_id] = []
+            kept_parts = {arena.arena_id: 0 for arena in kept.arenas}
+            for arena in kept.arenas:
+                assert arena.arena_id not in self.arenas, arena.arena_id
+                ranges_of[arena.segment_id].append((arena.offset, arena.handle))
             for r in [p.replica for p in kept.parked] + [r for _, r in kept.held]:
-                ranges_of[r.segment_id].append((r.offset, r.handle))
+                if r.handle < 0:
+                    kept_parts[-r.handle] += 1
+                else:
+                    ranges_of[r.segment_id].append((r.offset, r.handle))
+            assert all(arena.live == kept_parts[arena.arena_id] for arena in kept.arenas), \
+                node_id
             for segment in kept.segments:
                 allocator = segment.allocator
                 ranges = ranges_of[segment.segment_id]
@@ -1082,12 +1315,19 @@ class StateMachine:
             return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas),
                     v.replica_num]
 
+        def arena_row(a):
+            return [a.arena_id, a.segment_id, a.handle, a.offset, a.size_bytes, a.term,
+                    a.hold_ms, a.closed_ms, a.live]
+
         def segment_row(s):
             return [s.segment_id, s.name, s.node_name, s.size_bytes, bool(s.mounted),
                     s.allocator.dump(), s.pool_namespace]
 
         state = {
             "format": 4,
+            "arenas": [arena_row(a) for a in self.arenas.values()],
+            "arena_seq": self.arena_seq,
+            "arena_term": self.arena_term,
             "config": [self.max_objects, self.discard_timeout_ms, self.release_timeout_ms,
                        self.allocation_strategy],
             "settings_from_log": self.store_settings_from_log,
@@ -1118,7 +1358,8 @@ class StateMachine:
                             [segment_row(s) for s in d.segments],
                             [[p.key[0], p.key[1], p.writer_id, p.started_ms, p.size_bytes,
                               replicas([p.replica])[0]] for p in d.parked],
-                            [[release_at, replicas([r])[0]] for release_at, r in d.held]]
+                            [[release_at, replicas([r])[0]] for release_at, r in d.held],
+                            [arena_row(a) for a in d.arenas]]
                            for d in self.down_nodes.values()],
         }
         return msgpack.packb(state, use_bin_type=True)
@@ -1182,8 +1423,8 @@ class StateMachine:
         need(type(top) is dict, "not a map")
         # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 3
         # adds the preempted upserts (and objects' pending_upsert flags), the store settings'
-        # origin and the nodes' mount generations; format 4 what is kept for nodes declared
-        # down (none in older ones).
+        # origin and the nodes' mount generations; format 4 the arenas and what is kept for
+        # nodes declared down (none in older ones).
         need(top.get("format") in (1, 2, 3, 4) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
         if top["format"] >= 2:
@@ -1191,7 +1432,7 @@ class StateMachine:
         if top["format"] >= 3:
             fields += ("preempted", "settings_from_log", "generations")
         if top["format"] >= 4:
-            fields += ("down_nodes",)
+            fields += ("arenas", "arena_seq", "arena_term", "down_nodes")
         need(set(top) == set(fields), f"fields {sorted(map(str, top))} != {sorted(fields)}")
         config = row(top["config"], 4, "config")
         need(all(map(is_int, config[:3])) and is_str(config[3]), "bad config")
@@ -1249,6 +1490,24 @@ class StateMachine:
             nodes[node_id] = node
 
         owned: dict[int, dict[int, int]] = {sid: {} for sid in segments}  # handle -> offset
+        arenas: dict[int, Arena] = {}
+        for name in ("arena_seq", "arena_term"):
+            need(is_int(top.get(name, 0)) and top.get(name, 0) >= 0, f"bad {name}")
+        arena_seq, arena_term = top.get("arena_seq", 0), top.get("arena_term", 0)
+        for item in seq_of(top.get("arenas", ()), "arenas"):
+            arena_id, sid, handle, offset, size_bytes, term, hold_ms, closed_ms, live = \
+                row(item, 9, "arena")
+            need(all(map(is_int, (arena_id, sid, handle, offset, size_bytes, term, hold_ms,
+                                  live))) and is_opt_int(closed_ms)
+                 and 0 < arena_id <= arena_seq and arena_id not in arenas and sid in segments
+                 and handle >= 0 and handle not in owned[sid] and term <= arena_term
+                 and (closed_ms is not None or term == arena_term), f"bad arena {item!r:.80}")
+            owned[sid][handle] = offset
+            arena = Arena(arena_id, sid, handle, offset, size_bytes, term, hold_ms)
+            arena.closed_ms = closed_ms
+            arena.live = live
+            arenas[arena_id] = arena
+        parts: dict[int, int] = {arena_id: 0 for arena_id in arenas}  # replicas in each
 
         def parse_replicas(value, what):
             replicas = []
@@ -1256,8 +1515,15 @@ class StateMachine:
                 sid, offset, handle = row(item, 3, f"replica of {what}")
                 need(is_int(sid) and is_int(offset) and is_int(handle), f"bad replica of {what}")
                 need(sid in segments, f"{what}: replica on unknown segment {sid}")
-                need(handle not in owned[sid], f"{what}: range {handle} owned twice")
-                owned[sid][handle] = offset
+                if handle < 0:  # a part of an arena
+                    arena = arenas.get(-handle)
+                    need(arena is not None and arena.segment_id == sid
+                         and arena.offset <= offset < arena.offset + arena.size_bytes,
+                         f"{what}: replica in no arena of its segment")
+                    parts[-handle] += 1
+                else:
+                    need(handle not in owned[sid], f"{what}: range {handle} owned twice")
+                    owned[sid][handle] = offset
                 replicas.append(Replica(sid, offset, handle))
             return replicas
 
@@ -1344,20 +1610,34 @@ class StateMachine:
             records[writer_id] = PreemptedWrite(size_bytes, started_ms, ttl, hard_pin, seq,
                                                 release_at, replica_num, superseded)
 
+        need(all(arenas[arena_id].live == count for arena_id, count in parts.items()),
+             "an arena's count of replicas does not match its replicas")
+
         down_nodes: dict[int, DownNode] = {}
         kept_segments: dict[int, Segment] = {}
+
+        kept_arenas: dict[int, Arena] = {}
+        kept_parts: dict[int, int] = {}
 
         def parse_kept_replica(value, what):
             sid, offset, handle = row(value, 3, f"replica of {what}")
             need(is_int(sid) and is_int(offset) and is_int(handle), f"bad replica of {what}")
             need(sid in kept_segments and c.node_of_segment(sid) == node_id,
                  f"{what}: replica on a segment not kept for node {node_id}")
-            need(handle not in owned[sid], f"{what}: range {handle} owned twice")
-            owned[sid][handle] = offset
+            if handle < 0:  # a part of a kept arena
+                arena = kept_arenas.get(-handle)
+                need(arena is not None and arena.segment_id == sid
+                     and arena.offset <= offset < arena.offset + arena.size_bytes,
+                     f"{what}: replica in no kept arena of its segment")
+                kept_parts[-handle] += 1
+            else:
+                need(handle not in owned[sid], f"{what}: range {handle} owned twice")
+                owned[sid][handle] = offset
             return Replica(sid, offset, handle)
 
         for item in seq_of(top.get("down_nodes", ()), "down_nodes"):
-            node_id, generation, keep_until_ms, kept, parked, held = row(item, 6, "down node")
+            node_id, generation, keep_until_ms, kept, parked, held, kept_arena_rows = \
+                row(item, 7, "down node")
             need(is_int(node_id) and node_id in nodes and not nodes[node_id].up
                  and node_id not in down_nodes and is_int(generation)
                  and generations.get(node_id) == generation
@@ -1373,6 +1653,22 @@ class StateMachine:
                 kept_segments[sid] = segment
                 owned[sid] = {}
                 record.segments.append(segment)
+            for arena_item in seq_of(kept_arena_rows, "kept arenas"):
+                arena_id, sid, handle, offset, size_bytes, term, hold_ms, closed_ms, live = \
+                    row(arena_item, 9, "kept arena")
+                need(all(map(is_int, (arena_id, sid, handle, offset, size_bytes, term,
+                                      hold_ms, live))) and is_opt_int(closed_ms)
+                     and 0 < arena_id <= arena_seq and arena_id not in arenas
+                     and arena_id not in kept_arenas and sid in {s.segment_id for s in record.segments}
+                     and handle >= 0 and handle not in owned[sid] and term <= arena_term,
+                     f"bad kept arena {arena_item!r:.80}")
+                owned[sid][handle] = offset
+                arena = Arena(arena_id, sid, handle, offset, size_bytes, term, hold_ms)
+                arena.closed_ms = closed_ms
+                arena.live = live
+                kept_arenas[arena_id] = arena
+                kept_parts[arena_id] = 0
+                record.arenas.append(arena)
             for parked_item in seq_of(parked, "parked replicas"):
                 ns, name, writer_id, started_ms, size_bytes, replica = \
                     row(parked_item, 6, "parked replica")
@@ -1386,6 +1682,8 @@ class StateMachine:
                 need(is_int(release_at), "bad held range")
                 record.held.append((release_at, parse_kept_replica(replica, "held range")))
             down_nodes[node_id] = record
+        need(all(kept_arenas[arena_id].live == count for arena_id, count in kept_parts.items()),
+             "a kept arena's count of replicas does not match its replicas")
 
         for sid, ranges in owned.items():
             allocator = (segments.get(sid) or kept_segments[sid]).allocator
@@ -1424,6 +1722,9 @@ class StateMachine:
         self.generations.update(generations)
         self.down_nodes.clear()
         self.down_nodes.update(down_nodes)
+        self.arenas.clear()
+        self.arenas.update(arenas)
+        self.arena_seq, self.arena_term = arena_seq, arena_term
         self.usage.clear()
         for ns, (used_bytes, used_objects) in self.count_usage().items():
             usage = self._usage_of(ns)

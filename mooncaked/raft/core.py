@@ -801,6 +801,15 @@ class RaftCore:
             return
         self._start_read(bytes(context))
 
+    def serves_reads_now(self) -> bool:
+        """Whether a read_index asked now would be answered at once (a leader whose commit
+        index is of its term, alone or within its check-quorum lease): the synchronous form
+        of a read barrier, for callers that need no index."""
+        return (self.role == Role.LEADER
+                and self._log.term_at(self._log.commit_index) == self.term
+                and (len(self.conf_state.voters) == 1
+                     or (self.config.read_only == "lease" and self._lease_holds())))
+
     def _start_read(self, context: bytes) -> None:
         index = self._log.commit_index
         lease = self.config.read_only == "lease"
