@@ -456,7 +456,10 @@ class RecordingState:
         pass
 
 
-def test_a_raft_node_whose_log_cannot_sync_stops():
+@pytest.mark.parametrize("fault", ["sync", "write"])
+def test_a_raft_node_whose_log_cannot_sync_stops(fault):
+    """A failed sync or a failed write of the log halts the node (fail-stop): nothing later is
+    applied or acknowledged, and the daemon is told (fatal)."""
     async def scenario():
         fs = SimFileSystem()
         node = RaftNode(1, RecordingState(), LogStore("/data/node-1", fs=fs, fsync="batch"),
@@ -473,7 +476,10 @@ def test_a_raft_node_whose_log_cannot_sync_stops():
                 await asyncio.sleep(0.005)
             assert node.role == Role.LEADER
             assert await node.propose(commands.NodeUp(1, "a", "h:1", "h:2")) == 1
-            fs.fail_syncs()
+            if fault == "sync":
+                fs.fail_syncs()
+            else:
+                fs.fail_writes()
             waiter = node.propose(commands.NodeUp(1, "b", "h:1", "h:2"))
             with pytest.raises(Exception):
                 await asyncio.wait_for(waiter, 30)

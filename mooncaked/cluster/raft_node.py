@@ -29,7 +29,7 @@ from mooncaked.meta import codec as command_codec
 from mooncaked.meta.commands import Batch
 from mooncaked.raft import codec
 from mooncaked.raft.core import RaftConfig, RaftCore
-from mooncaked.raft.log_store import LogStore
+from mooncaked.raft.log_store import LogFailed, LogStore
 from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, NotLeader, ProposalDropped,
                                   Role, Snapshot, SnapshotMeta)
 
@@ -193,10 +193,17 @@ class RaftNode:
             leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
             if leader_sends_first:
                 self._send_all(ready.messages)
-            if ready.snapshot is not None:
-                self.store.save_snapshot(ready.snapshot)
+            try:
+                if ready.snapshot is not None:
+                    self.store.save_snapshot(ready.snapshot)
+                if ready.entries or ready.hard_state is not None:
+                    self.store.append(ready.entries, ready.hard_state)
+            except (OSError, LogFailed) as exc:
+                # What the disk holds is unknown (a partial record, a full disk): acting on it
+                # could acknowledge what a restart loses (fail-stop, as for a failed sync).
+                self._halt(exc, "the Raft log could not be written")
+                return
             if ready.entries or ready.hard_state is not None:
-                self.store.append(ready.entries, ready.hard_state)
                 if self.store.fsync == "batch" and self._needs_sync(ready):
                     # fdatasync in the sync thread: meanwhile the loop keeps serving (reads,
                     # replica bytes, heartbeats) and gathers the next batch's proposals.
@@ -364,7 +371,11 @@ class RaftNode:
     def _take_snapshot(self) -> None:
         snapshot = Snapshot(SnapshotMeta(self.applied_index, self.applied_term,
                                          self.core.conf_state), self.state.snapshot())
-        self.store.save_snapshot(snapshot)
+        try:
+            self.store.save_snapshot(snapshot)
+        except (OSError, LogFailed) as exc:
+            self._halt(exc, "a snapshot of the state could not be written")
+            return
         self.core.compact(snapshot)
         self.snapshot_index = self.applied_index
         self.stats["snapshots"] += 1
