@@ -143,7 +143,8 @@ def test_a_node_cut_off_past_its_ttl_returns_with_its_replicas(partition):
 
 def test_a_returning_node_with_repair_on_leaves_no_extra_replica_nor_leaked_range(partition):
     """Repair copied values meanwhile: the returning node's surplus replicas are freed, none
-    is counted twice, and once every value is removed every segment is empty again."""
+    is counted twice, and once every value is removed (and a new term has closed the
+    leader's open arenas) every segment is empty again."""
     cluster = Cluster(3)
     try:
         cluster.start()
@@ -196,7 +197,12 @@ def test_a_returning_node_with_repair_on_leaves_no_extra_replica_nor_leaked_rang
                     totals[node] = sum(s["used_bytes"] for s in client.segment_report())
             return totals
 
-        # Freed once their deadlines (read leases, put timeouts) pass and the sweep runs.
+        # The leader's open arenas hold their segment space for its next puts: a new term
+        # closes them. Everything is then freed once its deadlines (read leases, put
+        # timeouts, arena holds) pass and the sweep runs.
+        successor = next(i for i in NODES if i != leader)
+        with cluster.client(leader) as client:
+            client.call("cluster_transfer_leader", successor)
         wait_until("every segment empty", lambda: not any(used().values()))
     finally:
         cluster.close()
