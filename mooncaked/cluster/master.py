@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
+from mooncaked import environment
 from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import commands as c
@@ -31,7 +31,7 @@ from mooncaked.meta.state_machine import Replica, StateMachine, Version
 
 
 def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+    return environment.monotonic_ns() // 1_000_000
 
 
 class ReplicatedMaster(Master):

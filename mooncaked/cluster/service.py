@@ -29,9 +29,9 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from typing import Any
 
+from mooncaked import environment
 from mooncaked.cluster import meta_requests
 from mooncaked.cluster.master import ReplicatedMaster
 from mooncaked.cluster.peer_security import PeerSecurity
@@ -126,7 +126,7 @@ class ClusterService:
         self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
         # Numbers the writer ids of this node's puts; a random start keeps them apart from an
         # earlier incarnation's, whose late commands may still reach the log.
-        self.put_attempts = int.from_bytes(os.urandom(4), "little")
+        self.put_attempts = int.from_bytes(environment.random_bytes(4), "little")
         self._leader_since = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
@@ -150,7 +150,8 @@ class ClusterService:
                         "that reaches port %d can join, forward requests and write replicas",
                         cc.peer_host, port)
         self.addresses[self.node_id] = self.peer_address
-        store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync)
+        store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync,
+                         **environment.log_store_options())
         if self.members_config:
             voters = tuple(sorted(self.members_config))
         elif self.join_address:
@@ -164,7 +165,7 @@ class ClusterService:
             snapshot_entries=cc.snapshot_entries, max_pending_proposals=cc.max_pending_proposals,
             proposal_timeout_ms=cc.rpc_timeout_ms, initial_voters=voters, send=self._send_raft)
         self.master = ReplicatedMaster(daemon.master.state, daemon.config.store, self.raft,
-                                       seed=int.from_bytes(os.urandom(8), "little"))
+                                       seed=int.from_bytes(environment.random_bytes(8), "little"))
         daemon.master = self.master
         # Ages and leases in reports (objects stat, status, metrics) on the log's clock, as
         # the master grants them, not this process's own monotonic clock.
@@ -266,7 +267,7 @@ class ClusterService:
             if self.daemon.config.namespaces:
                 self._spawn(self._seed_quotas(term))
             self._spawn(self._seed_store_settings(term))
-            self._leader_since = now = time.monotonic()
+            self._leader_since = now = environment.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
             self.repair.start(term)
@@ -286,7 +287,7 @@ class ClusterService:
             self.addresses[command.node_id] = command.peer_address
             # It has just registered: its silence is counted from here, not from before it
             # (re)started, or the leader declares it down again at once.
-            self.raft.last_contact[command.node_id] = time.monotonic()
+            self.raft.last_contact[command.node_id] = environment.monotonic()
 
     def _check_own_segments(self) -> None:
         """Register again when the log no longer mounts this node's current segments: it was
@@ -391,9 +392,9 @@ class ClusterService:
                 own = [c.segment_id_of(self.node_id, index, generation)
                        for index in range(segments.count)]
                 state = daemon.master.state
-                deadline = time.monotonic() + self.rpc_timeout_s
+                deadline = environment.monotonic() + self.rpc_timeout_s
                 while not all(segment_id in state.segments for segment_id in own):
-                    if time.monotonic() > deadline:
+                    if environment.monotonic() > deadline:
                         raise MooncakedError(ErrorCode.RPC_TIMEOUT,
                                              "the registration was not applied here in time")
                     await asyncio.sleep(0.01)
@@ -443,7 +444,7 @@ class ClusterService:
         task.add_done_callback(lambda t: setattr(self, "_sweeping", False))
 
     def _check_membership_soon(self) -> None:
-        now = time.monotonic()
+        now = environment.monotonic()
         checking = self._membership_check
         if now >= self._membership_check_at and (checking is None or checking.done()):
             self._membership_check_at = now + self._leader_wait_s()
@@ -485,7 +486,7 @@ class ClusterService:
     async def _check_liveness(self) -> None:
         state = self.daemon.master.state
         ttl_s = self.cluster_config.node_ttl_ms / 1000
-        now = time.monotonic()
+        now = environment.monotonic()
         members = set(self.raft.core.conf_state.voters) | set(self.raft.core.conf_state.learners)
         for node in list(state.nodes.values()):
             if not node.up or node.node_id == self.node_id:
@@ -541,20 +542,20 @@ class ClusterService:
         """The current leader, waiting until `deadline` (monotonic seconds; by default
         _leader_wait_s from now) for one to appear, then NO_LEADER."""
         if deadline is None:
-            deadline = time.monotonic() + self._leader_wait_s()
+            deadline = environment.monotonic() + self._leader_wait_s()
         while True:
             self.check_member()
             leader = self.raft.leader_id
             if leader:
                 return leader
-            if time.monotonic() > deadline:
+            if environment.monotonic() > deadline:
                 raise MooncakedError(ErrorCode.NO_LEADER, "the cluster has no leader now")
             await asyncio.sleep(self.cluster_config.tick_ms / 1000)
 
     async def _before_asking_again(self, deadline: float, why: str) -> None:
         """Wait until the leader changes or a tick passes (a restarted leader may be back);
         NO_LEADER once the deadline has passed. Only for a request nothing applied."""
-        remaining = deadline - time.monotonic()
+        remaining = deadline - environment.monotonic()
         if remaining <= 0:
             raise MooncakedError(ErrorCode.NO_LEADER,
                                  f"no leader answered in time ({why}); the request was not "
@@ -580,7 +581,7 @@ class ClusterService:
         when its outcome is unknown, OUTCOME_UNKNOWN (the leader changed while it held it) or
         RPC_FAIL / RPC_TIMEOUT (the connection failed after it was sent).
         """
-        deadline = time.monotonic() + self._leader_wait_s()
+        deadline = environment.monotonic() + self._leader_wait_s()
         while True:
             leader = await self.leader_id(deadline)
             if leader == self.node_id:
