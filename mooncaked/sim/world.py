@@ -106,7 +106,8 @@ class SimNode:
         return config_module.from_dict({
             "node": {"name": self.name},
             "server": {"tcp_host": HOST, "tcp_port": self.client_port, "unix_socket": ""},
-            "segments": {"size_bytes": p.segment_bytes, "shm_dir": shm_dir},
+            "segments": {"size_bytes": p.segment_bytes, "shm_dir": shm_dir,
+                         "max_allocations": 1024},
             "store": {"lease_ttl_ms": p.lease_ttl_ms, "put_start_discard_timeout_ms": 2000,
                       "put_start_release_timeout_ms": 4000},
             "metrics": {"enabled": False},

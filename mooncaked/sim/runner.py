@@ -1,0 +1,566 @@
+"""One seed of the simulation of real daemons, start to end.
+
+Everything random comes from `random.Random(seed)`: the run's parameters and fault schedule
+first, then a generator for each component in a fixed order. Nothing reads a wall clock, so a
+seed always replays the same run (the trace digest says so).
+
+Phases:
+- safety: the clients run their operations while the schedule's faults happen (crash and
+  restart, pause and resume, partitions, a slow network, leader transfers, a membership
+  change, clients dropping their connection in the middle of a put);
+- liveness: faults stop (partitions heal, paused nodes resume, crashed ones restart). Within
+  `liveness_bound_ms` a leader must be elected, every pending request answered, a read of
+  every key answered, and every member's state must catch up to the same digest.
+The safety properties (sim/safety.py) are checked after every step; the client histories must
+be linearizable at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import logging
+import random
+from dataclasses import dataclass, field
+
+from mooncaked import environment
+from mooncaked.checks import linearizability
+from mooncaked.errors import ErrorCode, MooncakedError
+from mooncaked.raft.types import Role
+from mooncaked.sim.client import ConnectionLost, WireClient, decode_value, encode_value
+from mooncaked.sim.loop import Stalled, VirtualTimeLoop
+from mooncaked.sim.safety import Safety, Violation
+from mooncaked.sim.streams import Network
+from mooncaked.sim.world import HOST, ClientEnvironment, NodeLogFilter, World
+
+STEP_MS = 10  # the safety properties are checked this often (virtual time), and after faults
+FAULT_KINDS = ("crash", "pause", "partition", "slow", "transfer", "membership")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_ms: int
+    kind: str
+    target: str  # "leader", "follower" or "nodeN"; for membership: "remove", "drain"
+    duration_ms: int = 0
+
+    def describe(self) -> str:
+        return f"{self.kind}({self.target}) at {self.at_ms} ms for {self.duration_ms} ms"
+
+
+@dataclass
+class Params:
+    seed: int
+    nodes: int = 3
+    clients: int = 3
+    ops: int = 8  # per client
+    keys: int = 3
+    max_value_bytes: int = 2000
+    segment_bytes: int = 256 * 1024
+    tick_ms: int = 50
+    election_ticks: int = 10
+    node_ttl_ms: int = 3000
+    rpc_timeout_ms: int = 2000
+    lease_ttl_ms: int = 500
+    max_drift: float = 0.0
+    client_timeout_ms: int = 6000
+    client_abort_percent: int = 0  # puts whose client drops the connection once it is sent
+    safety_ms: int = 6000
+    liveness_bound_ms: int = 20000
+    faults: list[Fault] = field(default_factory=list)
+
+    @classmethod
+    def draw(cls, seed: int, rng: random.Random, **overrides) -> "Params":
+        params = cls(seed)
+        params.clients = rng.randint(2, 3)
+        params.ops = rng.randint(5, 9)
+        params.keys = rng.randint(2, 4)
+        params.max_drift = rng.choice((0.0, 0.001, 0.01, 0.05))
+        params.client_abort_percent = rng.choice((0, 0, 5, 15))
+        params.safety_ms = rng.randint(3000, 7000)
+        count = rng.choice((0, 1, 2, 2, 3, 4))
+        faults = []
+        for _ in range(count):
+            kind = rng.choice(FAULT_KINDS)
+            at_ms = rng.randint(1500, params.safety_ms)
+            if kind == "membership":
+                target = rng.choice(("remove", "drain"))
+            elif kind in ("slow", "transfer"):
+                target = "any"
+            else:
+                target = rng.choice(("leader", "follower", f"node{rng.randint(1, 3)}"))
+            duration = {"crash": rng.randint(200, 4000), "pause": rng.randint(100, 4000),
+                        "partition": rng.randint(200, 5000), "slow": rng.randint(200, 2000),
+                        "transfer": 0, "membership": 0}[kind]
+            faults.append(Fault(at_ms, kind, target, duration))
+        params.faults = sorted(faults, key=lambda f: (f.at_ms, f.kind, f.target))
+        for key, value in overrides.items():
+            setattr(params, key, value)
+        return params
+
+    def describe(self) -> str:
+        faults = "; ".join(f.describe() for f in self.faults) or "none"
+        return (f"nodes={self.nodes} clients={self.clients} ops={self.ops} keys={self.keys} "
+                f"drift={self.max_drift} abort%={self.client_abort_percent} "
+                f"safety_ms={self.safety_ms} faults: {faults}")
+
+
+class SimFailure(Exception):
+    """A seed broke a property: everything needed to replay it."""
+
+    def __init__(self, params: Params, prop: str, detail: str, trace: list[str]) -> None:
+        self.params = params
+        self.prop = prop
+        self.detail = detail
+        self.trace = trace
+        super().__init__(self.report())
+
+    def report(self, lines: int = 40) -> str:
+        recent = "\n".join("    " + line for line in self.trace[-lines:])
+        return (f"seed {self.params.seed} broke {self.prop}: {self.detail}\n"
+                f"  replay: python -m mooncaked.sim --seed {self.params.seed} --trace\n"
+                f"  parameters: {self.params.describe()}\n"
+                f"  last {min(lines, len(self.trace))} trace lines:\n{recent}")
+
+
+@dataclass
+class Stats:
+    seed: int
+    virtual_ms: int = 0
+    callbacks: int = 0
+    operations: int = 0
+    unknown: int = 0
+    elections: int = 0
+    crashes: int = 0
+    checks: int = 0
+    trace_digest: str = ""
+    unchecked_keys: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Stop(Exception):
+    """The run ends early: a property broke (carries the Violation)."""
+
+
+class SimClient:
+    """One client: operations one at a time on a small key set, recorded for the checker."""
+
+    def __init__(self, run: "Run", index: int) -> None:
+        self.run = run
+        self.index = index
+        self.name = f"client{index}"
+        self.rng = random.Random(run.rng.random())
+        self.env = ClientEnvironment(self.name, run.loop, self.rng, 0.0, 1.0)
+        self.context = contextvars.Context()
+        self.context.run(environment.current.set, self.env)
+        self.wire: WireClient | None = None
+        self.pending = None  # the operation waiting for its answer: (kind, key, since_ms)
+        self.done = 0
+
+    def start(self) -> asyncio.Task:
+        return self.context.run(self.run.loop.create_task, self.main())
+
+    async def _connect(self) -> WireClient:
+        run = self.run
+        while True:
+            members = sorted(n.node_id for n in run.world.nodes.values()
+                             if n.node_id not in run.removed)
+            node_id = self.rng.choice(members)
+            wire = WireClient(HOST, run.world.nodes[node_id].client_port, self.name)
+            try:
+                await asyncio.wait_for(wire.connect(), 2.0)
+                return wire
+            except (OSError, ConnectionLost, MooncakedError, asyncio.TimeoutError):
+                wire.abort()
+                await asyncio.sleep(0.1)
+
+    async def main(self) -> None:
+        run = self.run
+        params = run.params
+        while self.done < params.ops or (run.liveness and self.done < params.ops + 1):
+            if self.wire is None or not self.wire.connected:
+                self.wire = await self._connect()
+            await self.operation(self.rng.choices(linearizability.KINDS,
+                                                  (3, 3, 4, 1, 1))[0])
+            self.done += 1
+            await asyncio.sleep(self.rng.uniform(0, 0.2))
+
+    async def operation(self, kind: str, key: str | None = None) -> None:
+        run = self.run
+        key = key or f"k{self.rng.randrange(run.params.keys)}"
+        invoke_ns = run.now_ns()
+        value_id = None
+        payload = b""
+        abort = False
+        if kind in ("put", "upsert"):
+            value_id = run.next_value_id()
+            payload = encode_value(key, value_id, self.rng.randint(1, run.params.max_value_bytes))
+            abort = self.rng.randrange(100) < run.params.client_abort_percent
+        self.pending = (kind, key, run.loop.time())
+        waiter = self.wire.send(kind, [key], payload)
+        if abort:
+            self.wire.abort()
+            run.trace(f"{self.name} {kind} {key}={value_id} sent, then its connection dropped")
+        try:
+            error, result, data = await asyncio.wait_for(
+                asyncio.shield(waiter), run.params.client_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            self.wire.abort()
+            error, result, data = "timeout", None, b""
+        except (ConnectionLost, MooncakedError) as exc:
+            error, result, data = f"lost: {exc}", None, b""
+        self.pending = None
+        complete_ns = run.now_ns()
+        code = error[0] if type(error) is list else None
+        outcome = None
+        if error is None:
+            outcome = result
+            if kind == "get":
+                try:
+                    outcome = decode_value(key, data)
+                except ValueError as exc:
+                    run.fail(Violation("wrong bytes", f"{self.name} get {key}: {exc}"))
+                    return
+        elif kind == "get" and code == ErrorCode.OBJECT_NOT_FOUND:
+            outcome = None
+        elif kind == "remove" and code == ErrorCode.OBJECT_NOT_FOUND:
+            outcome = False
+        elif kind in ("get", "exists") or code in (ErrorCode.OBJECT_HAS_LEASE,
+                                                   ErrorCode.INVALID_PARAMS):
+            run.trace(f"{self.name} {kind} {key}: {error} (nothing changed)")
+            return
+        else:
+            complete_ns = None  # a write whose outcome is unknown
+        if kind == "remove" and error is None:
+            outcome = True
+        run.record(linearizability.Operation(self.index, kind, key, value_id, outcome,
+                                             invoke_ns, complete_ns),
+                   f"{self.name} {kind} {key}" + (f"={value_id}" if value_id else "")
+                   + (f" -> {outcome!r}" if complete_ns is not None else f" -> ? {error}"))
+
+
+class Run:
+    def __init__(self, params: Params, rng: random.Random, trace_lines: list[str],
+                 echo=None) -> None:
+        self.params = params
+        self.rng = rng
+        self.lines = trace_lines
+        self.echo = echo
+        self.loop = VirtualTimeLoop()
+        self.network = Network(self.loop, random.Random(rng.random()), trace=self.trace)
+        self.loop.executor_delay = self._sync_delay
+        self._sync_rng = random.Random(rng.random())
+        self.world = World(params, self.loop, self.network, random.Random(rng.random()),
+                           self.trace)
+        self.safety = Safety(self.trace)
+        self.history: list[linearizability.Operation] = []
+        self._value_ids = 0
+        self.removed: set[int] = set()
+        self.liveness = False
+        self.lossy = False  # a node lost its memory or was declared down: values may go
+        self.violation: Violation | None = None
+        self.crashes = 0
+        self.clients: list[SimClient] = []
+        self.unhandled: list[str] = []
+        self.loop.set_exception_handler(self._exception)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def trace(self, text: str) -> None:
+        line = f"{int(self.loop.time() * 1000):7d} {text}"
+        self.lines.append(line)
+        if self.echo is not None:
+            self.echo(line)
+
+    def now_ns(self) -> int:
+        return int(self.loop.time() * 1e9)
+
+    def next_value_id(self) -> int:
+        self._value_ids += 1
+        return self._value_ids
+
+    def record(self, op: linearizability.Operation, text: str) -> None:
+        self.history.append(op)
+        self.trace(text)
+
+    def fail(self, violation: Violation) -> None:
+        if self.violation is None:
+            self.violation = violation
+            self.trace(f"VIOLATION {violation}")
+
+    def _exception(self, loop, context: dict) -> None:
+        exc = context.get("exception")
+        where = getattr(environment.current.get(), "name", "world")
+        text = f"{context.get('message')}: {type(exc).__name__ if exc else ''} {exc or ''}"
+        self.trace(f"unhandled in {where}: {text}")
+        self.unhandled.append(text)
+
+    def _sync_delay(self) -> float:
+        return self._sync_rng.uniform(0.0002, 0.004)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        if self.violation is not None:
+            raise _Stop()
+        try:
+            self.safety.check(self.world)
+        except Violation as violation:
+            self.fail(violation)
+            raise _Stop() from None
+
+    async def _checker(self) -> None:
+        while True:
+            await asyncio.sleep(STEP_MS / 1000)
+            self.check()
+
+    def _running_members(self) -> list:
+        return [n for n in self.world.nodes.values()
+                if n.running and n.node_id not in self.removed]
+
+    def _leader(self):
+        for node in self._running_members():
+            if node.daemon.cluster.raft.role == Role.LEADER and not node.env.paused:
+                return node
+        return None
+
+    def _pick(self, target: str):
+        members = self._running_members()
+        if target == "leader":
+            return self._leader()
+        if target == "follower":
+            followers = [n for n in members if n.daemon.cluster.raft.role != Role.LEADER]
+            return self.rng.choice(followers) if followers else None
+        return next((n for n in members if n.name == target), None)
+
+    async def _admin(self, method: str, params: list) -> None:
+        """A cluster administration request (mooncakectl's), through any running member."""
+        members = [n for n in self._running_members() if not n.env.paused]
+        if not members:
+            return
+        node = self.rng.choice(members)
+        wire = WireClient(HOST, node.client_port, "admin")
+        try:
+            await asyncio.wait_for(wire.connect(), 2.0)
+            result, _ = await asyncio.wait_for(wire.call(method, params), 10.0)
+            self.trace(f"admin {method} {params} via {node.name}: {result!r}")
+        except (OSError, ConnectionLost, MooncakedError, asyncio.TimeoutError) as exc:
+            self.trace(f"admin {method} {params} via {node.name}: {type(exc).__name__} {exc}")
+        finally:
+            wire.abort()
+
+    async def _fault(self, fault: Fault) -> None:
+        world = self.world
+        self.trace(f"fault {fault.describe()}")
+        if fault.kind == "slow":
+            self.network.slow_s = 0.02
+            await asyncio.sleep(fault.duration_ms / 1000)
+            self.network.slow_s = 0.0
+            return
+        if fault.kind == "transfer":
+            members = self._running_members()
+            if members:
+                await self._admin("cluster_transfer_leader",
+                                  [self.rng.choice(members).node_id])
+            return
+        if fault.kind == "membership":
+            await self._membership(fault.target)
+            return
+        node = self._pick(fault.target)
+        if node is None:
+            return
+        if fault.kind == "crash":
+            node.crash()
+            self.crashes += 1
+            self.lossy = True
+            self.check()
+            await asyncio.sleep(fault.duration_ms / 1000)
+            if node.daemon is None and not self.liveness:
+                node.start()
+        elif fault.kind == "pause":
+            node.pause()
+            await asyncio.sleep(fault.duration_ms / 1000)
+            node.resume()
+        elif fault.kind == "partition":
+            others = {n.name for n in world.nodes.values() if n is not node}
+            others |= {c.name for c in self.clients if self.rng.random() < 0.5}
+            self.network.reset_on_partition = self.rng.random() < 0.3
+            self.network.partition({node.name}, others)
+            if fault.duration_ms >= self.params.node_ttl_ms // 2:
+                self.lossy = True
+            await asyncio.sleep(fault.duration_ms / 1000)
+            self.network.heal()
+            self.trace(f"healed {node.name}")
+
+    async def _membership(self, how: str) -> None:
+        """Take one voter out (remove or drain), then bring a new node in to replace it."""
+        members = self._running_members()
+        if len(members) < 3 or len(self.removed) > 0:
+            return
+        victim = self.rng.choice(members)
+        self.removed.add(victim.node_id)
+        self.lossy = True
+        method = "cluster_remove" if how == "remove" else "cluster_drain"
+        await self._admin(method, [victim.node_id])
+        new_id = max(self.world.nodes) + 1
+        via = self.rng.choice([n for n in self._running_members()])
+        self.trace(f"add node{new_id} joining through {via.name}")
+        self.world.add_node(new_id, via.node_id)
+
+    async def _heal(self) -> None:
+        self.liveness = True
+        self.trace("faults stop: heal, resume, restart")
+        self.network.heal()
+        self.network.slow_s = 0.0
+        for node in self.world.nodes.values():
+            if node.daemon is None:
+                node.start()
+            elif node.env.paused:
+                node.resume()
+
+    async def main(self) -> None:
+        """The run, with the properties checked every STEP_MS beside it: a broken one ends
+        the run at once."""
+        work = asyncio.ensure_future(self._phases())
+        checker = asyncio.ensure_future(self._checker())
+        try:
+            await asyncio.wait([work, checker], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            checker.cancel()
+            if not work.done():
+                work.cancel()
+        if checker.done() and not checker.cancelled() and checker.exception() is not None:
+            raise checker.exception()
+        work.result()
+
+    async def _phases(self) -> None:
+        params = self.params
+        for node in self.world.nodes.values():
+            node.start()
+        self.clients = [SimClient(self, i) for i in range(params.clients)]
+        tasks = [client.start() for client in self.clients]
+        faults = []
+        for fault in params.faults:
+            async def later(fault=fault):
+                await asyncio.sleep(fault.at_ms / 1000)
+                if not self.liveness:
+                    await self._fault(fault)
+            faults.append(asyncio.ensure_future(later()))
+        await asyncio.sleep(params.safety_ms / 1000)
+        await self._heal()
+        for fault in faults:
+            fault.cancel()
+        await self._liveness(tasks)
+
+    async def _liveness(self, tasks) -> None:
+        params = self.params
+        deadline = self.loop.time() + params.liveness_bound_ms / 1000
+        self.check()
+        done, pending = await asyncio.wait(tasks, timeout=deadline - self.loop.time())
+        if pending:
+            stuck = [f"{c.name} {c.pending}" for c in self.clients if c.pending]
+            raise Violation("liveness", f"requests unanswered {params.liveness_bound_ms} ms "
+                            f"after the faults stopped: {stuck or 'clients could not connect'}")
+        for task in done:
+            if task.exception() is not None and not isinstance(task.exception(), _Stop):
+                raise task.exception()
+        # A read of every key, answered.
+        reader = self.clients[0]
+        for index in range(params.keys):
+            await self.context_of(reader, reader.operation("get", f"k{index}"))
+        # Every member catches up to the same state.
+        while True:
+            self.check()
+            members = self._running_members()
+            leader = self._leader()
+            if leader is not None:
+                commit = leader.daemon.cluster.raft.core.commit_index
+                states = {self.safety.digest_of(n) for n in members}
+                if len(states) == 1 and next(iter(states))[0] >= commit \
+                        and all(n.daemon.cluster.registered_term >= 0 for n in members):
+                    return
+            if self.loop.time() > deadline:
+                raise Violation("liveness", "members did not converge on one state within "
+                                f"{params.liveness_bound_ms} ms: "
+                                + ", ".join(f"{n.name} applied "
+                                            f"{n.daemon.cluster.raft.applied_index} role "
+                                            f"{n.daemon.cluster.raft.role.name}"
+                                            for n in members))
+            await asyncio.sleep(0.05)
+
+    async def context_of(self, client: SimClient, coroutine):
+        """Run a client's coroutine in its context (its endpoint name, its environment)."""
+        if client.wire is None or not client.wire.connected:
+            client.wire = await client.context.run(
+                self.loop.create_task, client._connect())
+        return await client.context.run(self.loop.create_task, coroutine)
+
+    def linearizable(self) -> linearizability.CheckResult:
+        return linearizability.check(self.history, allow_spontaneous_loss=self.lossy,
+                                     time_budget_s=10.0)
+
+
+def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides) -> Stats:
+    """Run one seed; its Stats, or SimFailure naming the broken property."""
+    rng = random.Random(seed)
+    params = Params.draw(seed, rng, **overrides)
+    lines: list[str] = []
+    run = Run(params, rng, lines, echo)
+    handler = None
+    if log_level is not None:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(sim_ms)7d %(sim_where)s %(levelname)s "
+                                               "%(name)s: %(message)s"))
+        handler.addFilter(NodeLogFilter(run.loop))
+        logging.getLogger("mooncaked").addHandler(handler)
+        logging.getLogger("mooncaked").setLevel(log_level)
+    else:
+        logging.getLogger("mooncaked").setLevel(logging.CRITICAL)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    asyncio.set_event_loop(run.loop)
+    try:
+        try:
+            run.loop.run_until_complete(run.main())
+        except _Stop:
+            pass
+        except Violation as violation:
+            run.fail(violation)
+        except Stalled as exc:
+            run.fail(Violation("liveness", f"the loop stalled: {exc}"))
+        if run.violation is None:
+            result = run.linearizable()
+            if not result.ok:
+                run.fail(Violation("linearizability", f"key {result.failed_key}: "
+                                   f"{result.explanation}"))
+        stats = Stats(seed, virtual_ms=int(run.loop.time() * 1000),
+                      callbacks=run.loop.callbacks_run, operations=len(run.history),
+                      unknown=sum(op.complete_ns is None for op in run.history),
+                      elections=len(run.safety._announced), crashes=run.crashes,
+                      checks=run.safety.checks)
+        if run.violation is not None:
+            raise SimFailure(params, run.violation.prop, run.violation.detail, lines)
+        digest = hashlib.sha256("\n".join(lines).encode())
+        digest.update(str((stats.callbacks, stats.virtual_ms)).encode())
+        stats.trace_digest = digest.hexdigest()[:16]
+        return stats
+    finally:
+        asyncio.set_event_loop(None)
+        _close_loop(run)
+        if handler is not None:
+            logging.getLogger("mooncaked").removeHandler(handler)
+
+
+def _close_loop(run: Run) -> None:
+    """Drop what the run left: every node's process, the loop, the temporary directory."""
+    for node in run.world.nodes.values():
+        if node.env is not None:
+            node.env.crashed = True
+    run.world.close()
+    loop = run.loop
+    for task in asyncio.all_tasks(loop):
+        task._log_destroy_pending = False
+    loop.close()
