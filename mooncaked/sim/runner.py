@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import logging
 import random
+import warnings
 from dataclasses import dataclass, field
 
 from mooncaked import environment
@@ -136,6 +137,7 @@ class Stats:
     crashes: int = 0
     checks: int = 0
     trace_digest: str = ""
+    unhandled: list = field(default_factory=list)  # exceptions no code handled
     unchecked_keys: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -260,6 +262,7 @@ class Run:
         self.history: list[linearizability.Operation] = []
         self._value_ids = 0
         self.removed: set[int] = set()
+        self.membership_changed = False
         self.liveness = False
         self.lossy = False  # a node lost its memory or was declared down: values may go
         self.violation: Violation | None = None
@@ -294,6 +297,8 @@ class Run:
 
     def _exception(self, loop, context: dict) -> None:
         exc = context.get("exception")
+        if exc is None:
+            return  # "Task was destroyed but it is pending": a crashed node's, seen by the GC
         where = getattr(environment.current.get(), "name", "world")
         text = f"{context.get('message')}: {type(exc).__name__ if exc else ''} {exc or ''}"
         self.trace(f"unhandled in {where}: {text}")
@@ -337,19 +342,22 @@ class Run:
             return self.rng.choice(followers) if followers else None
         return next((n for n in members if n.name == target), None)
 
-    async def _admin(self, method: str, params: list) -> None:
-        """A cluster administration request (mooncakectl's), through any running member."""
+    async def _admin(self, method: str, params: list) -> bool:
+        """A cluster administration request (mooncakectl's), through any running member;
+        whether it was answered without an error."""
         members = [n for n in self._running_members() if not n.env.paused]
         if not members:
-            return
+            return False
         node = self.rng.choice(members)
         wire = WireClient(HOST, node.client_port, "admin")
         try:
             await asyncio.wait_for(wire.connect(), 2.0)
             result, _ = await asyncio.wait_for(wire.call(method, params), 10.0)
             self.trace(f"admin {method} {params} via {node.name}: {result!r}")
+            return True
         except (OSError, ConnectionLost, MooncakedError, asyncio.TimeoutError) as exc:
             self.trace(f"admin {method} {params} via {node.name}: {type(exc).__name__} {exc}")
+            return False
         finally:
             wire.abort()
 
@@ -399,15 +407,17 @@ class Run:
     async def _membership(self, how: str) -> None:
         """Take one voter out (remove or drain), then bring a new node in to replace it."""
         members = self._running_members()
-        if len(members) < 3 or len(self.removed) > 0:
+        if len(members) < 3 or self.membership_changed:
             return
+        self.membership_changed = True  # one change per run
         victim = self.rng.choice(members)
-        self.removed.add(victim.node_id)
         self.lossy = True
         method = "cluster_remove" if how == "remove" else "cluster_drain"
-        await self._admin(method, [victim.node_id])
+        if not await self._admin(method, [victim.node_id]):
+            return  # not applied, or its outcome unknown: no new node this run
+        self.removed.add(victim.node_id)
         new_id = max(self.world.nodes) + 1
-        via = self.rng.choice([n for n in self._running_members()])
+        via = self.rng.choice(self._running_members())
         self.trace(f"add node{new_id} joining through {via.name}")
         self.world.add_node(new_id, via.node_id)
 
@@ -472,25 +482,37 @@ class Run:
         reader = self.clients[0]
         for index in range(params.keys):
             await self.context_of(reader, reader.operation("get", f"k{index}"))
-        # Every member catches up to the same state.
+        # Every member catches up to the same state; a node the cluster removed knows it.
         while True:
             self.check()
-            members = self._running_members()
             leader = self._leader()
-            if leader is not None:
-                commit = leader.daemon.cluster.raft.core.commit_index
-                states = {self.safety.digest_of(n) for n in members}
-                if len(states) == 1 and next(iter(states))[0] >= commit \
-                        and all(n.daemon.cluster.registered_term >= 0 for n in members):
-                    return
+            if leader is not None and self._converged(leader):
+                return
             if self.loop.time() > deadline:
-                raise Violation("liveness", "members did not converge on one state within "
-                                f"{params.liveness_bound_ms} ms: "
-                                + ", ".join(f"{n.name} applied "
-                                            f"{n.daemon.cluster.raft.applied_index} role "
-                                            f"{n.daemon.cluster.raft.role.name}"
-                                            for n in members))
+                raise Violation("liveness", "the cluster did not settle within "
+                                f"{params.liveness_bound_ms} ms of the faults stopping: "
+                                + "; ".join(self._describe(n)
+                                            for n in self.world.nodes.values() if n.running))
             await asyncio.sleep(0.05)
+
+    def _converged(self, leader) -> bool:
+        raft = leader.daemon.cluster.raft
+        conf = raft.core.conf_state
+        members = set(conf.voters) | set(conf.learners)
+        running = [n for n in self.world.nodes.values() if n.running]
+        in_cluster = [n for n in running if n.node_id in members]
+        if any(not n.daemon.cluster.removed for n in running if n.node_id not in members):
+            return False
+        states = {self.safety.digest_of(n) for n in in_cluster}
+        return len(states) == 1 and next(iter(states))[0] >= raft.core.commit_index \
+            and all(n.daemon.cluster.registered_term >= 0 for n in in_cluster)
+
+    @staticmethod
+    def _describe(node) -> str:
+        cluster = node.daemon.cluster
+        return (f"{node.name} {cluster.raft.role.name.lower()} applied "
+                f"{cluster.raft.applied_index} registered {cluster.registered_term >= 0} "
+                f"removed {cluster.removed}")
 
     async def context_of(self, client: SimClient, coroutine):
         """Run a client's coroutine in its context (its endpoint name, its environment)."""
@@ -522,6 +544,8 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
         logging.getLogger("mooncaked").setLevel(logging.CRITICAL)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     asyncio.set_event_loop(run.loop)
+    # A crashed node's tasks that never ran are dropped with their coroutines.
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
     try:
         try:
             run.loop.run_until_complete(run.main())
@@ -540,7 +564,7 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
                       callbacks=run.loop.callbacks_run, operations=len(run.history),
                       unknown=sum(op.complete_ns is None for op in run.history),
                       elections=len(run.safety._announced), crashes=run.crashes,
-                      checks=run.safety.checks)
+                      checks=run.safety.checks, unhandled=list(run.unhandled))
         if run.violation is not None:
             raise SimFailure(params, run.violation.prop, run.violation.detail, lines)
         digest = hashlib.sha256("\n".join(lines).encode())

@@ -168,10 +168,8 @@ class Transport(asyncio.Transport):
     # -- the simulation -------------------------------------------------------------------------
 
     def _send(self, item) -> None:
-        peer = self.peer
-        if peer is None or peer._lost:
-            return
-        self.network.schedule(self, peer, item)
+        if self.peer is not None:
+            self.network.schedule(self, self.peer, item)
 
     def _lose(self, exc) -> None:
         """connection_lost, once, soon, in the owner's context."""
@@ -250,6 +248,8 @@ class Network:
         self.connections_made = 0
         self._next_port = 40000
         self.serial = 0
+        self.holding: set[Transport] = set()  # transports with deliveries held by a partition
+        self._kernel = contextvars.Context()  # the hosts' kernels: never crash or pause
         self.trace = trace or (lambda text: None)
 
     # -- endpoints ------------------------------------------------------------------------------
@@ -322,10 +322,21 @@ class Network:
                 sender.abort() if item[0] != "reset" else None
                 return
             direction.held.append(item)
+            self.holding.add(sender)
             return
         at = max(self.loop.time() + self._delay(), direction.last_at)
         direction.last_at = at
-        self.loop.call_at(at, receiver._receive, item, context=receiver.context)
+        self.loop.call_at(at, self._arrive, sender, receiver, item, context=self._kernel)
+
+    def _arrive(self, sender: Transport, receiver: Transport, item) -> None:
+        """What the receiving host's kernel does with a delivery: hand it to the process
+        (whose callbacks wait while it is paused), or, for a connection the process no longer
+        has (crashed or closed), answer data with a reset."""
+        if receiver._lost:
+            if item[0] == "data" and not sender._lost:
+                self.schedule(receiver, sender, ("reset", None))
+            return
+        self.loop.call_soon(receiver._receive, item, context=receiver.context)
 
     def partition(self, group_a: set[str], group_b: set[str]) -> None:
         for a in group_a:
@@ -341,7 +352,8 @@ class Network:
     def heal(self) -> None:
         """Every partition ends; what was held is delivered, in order."""
         self.cut.clear()
-        for transport in sorted(self.transports, key=lambda t: t.serial):
+        holding, self.holding = self.holding, set()
+        for transport in sorted(holding, key=lambda t: t.serial):
             direction = transport.outgoing
             held, direction.held = direction.held, []
             for item in held:
