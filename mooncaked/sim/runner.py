@@ -50,6 +50,26 @@ class Fault:
     def describe(self) -> str:
         return f"{self.kind}({self.target}) at {self.at_ms} ms for {self.duration_ms} ms"
 
+    def spec(self) -> str:
+        return f"{self.kind}:{self.target}:{self.at_ms}:{self.duration_ms}"
+
+    @staticmethod
+    def format_schedule(faults) -> str:
+        return ";".join(f.spec() for f in faults)
+
+    @staticmethod
+    def parse_schedule(text: str) -> list["Fault"]:
+        """`kind:target:at_ms:duration_ms` separated by ';' (what format_schedule writes)."""
+        faults = []
+        for part in filter(None, (p.strip() for p in text.split(";"))):
+            fields = part.split(":")
+            if len(fields) != 4 or fields[0] not in FAULT_KINDS \
+                    or not fields[2].isdigit() or not fields[3].isdigit():
+                raise ValueError(f"{part!r} is not kind:target:at_ms:duration_ms with a kind "
+                                 f"of {', '.join(FAULT_KINDS)}")
+            faults.append(Fault(int(fields[2]), fields[0], fields[1], int(fields[3])))
+        return sorted(faults, key=lambda f: (f.at_ms, f.kind, f.target))
+
 
 @dataclass
 class Params:
@@ -121,7 +141,8 @@ class SimFailure(Exception):
     def report(self, lines: int = 40) -> str:
         recent = "\n".join("    " + line for line in self.trace[-lines:])
         return (f"seed {self.params.seed} broke {self.prop}: {self.detail}\n"
-                f"  replay: python -m mooncaked.sim --seed {self.params.seed} --trace\n"
+                f"  replay: python -m mooncaked.sim --seed {self.params.seed} --trace "
+                f"--schedule \"{Fault.format_schedule(self.params.faults)}\"\n"
                 f"  parameters: {self.params.describe()}\n"
                 f"  last {min(lines, len(self.trace))} trace lines:\n{recent}")
 

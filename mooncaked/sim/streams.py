@@ -23,7 +23,8 @@ import random
 
 from mooncaked import environment
 
-MAX_READ_BYTES = 256 * 1024  # what one delivery hands a BufferedProtocol at most
+MAX_READ_BYTES = 256 * 1024
+ORDER_GAP_S = 1e-6  # between two deliveries of one direction at least  # what one delivery hands a BufferedProtocol at most
 
 
 class _FakeSocket:
@@ -221,6 +222,12 @@ class Transport(asyncio.Transport):
         else:
             protocol.data_received(data)
 
+    def reset(self) -> None:
+        """The network broke the connection (a partition in reset mode): this side sees a
+        reset, as the other side does."""
+        self._inbox.clear()
+        self._lose(ConnectionResetError("connection reset (network partition)"))
+
     def crash(self) -> None:
         """The owner died: the other side sees a reset; this side's protocol hears nothing."""
         if self._lost:
@@ -319,12 +326,15 @@ class Network:
         direction = sender.outgoing
         if self.partitioned(sender.owner, receiver.owner):
             if self.reset_on_partition:
-                sender.abort() if item[0] != "reset" else None
+                sender.reset()
+                receiver.reset()
                 return
             direction.held.append(item)
             self.holding.add(sender)
             return
-        at = max(self.loop.time() + self._delay(), direction.last_at)
+        # Strictly after the one ahead: the loop's timer heap does not keep equal times in
+        # the order they were set.
+        at = max(self.loop.time() + self._delay(), direction.last_at + ORDER_GAP_S)
         direction.last_at = at
         self.loop.call_at(at, self._arrive, sender, receiver, item, context=self._kernel)
 
@@ -347,7 +357,7 @@ class Network:
             for transport in sorted(self.transports, key=lambda t: t.serial):
                 peer = transport.peer
                 if peer is not None and self.partitioned(transport.owner, peer.owner):
-                    transport.abort()
+                    transport.reset()
 
     def heal(self) -> None:
         """Every partition ends; what was held is delivered, in order."""
