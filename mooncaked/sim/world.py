@@ -9,9 +9,11 @@ process runs. Several live in one process; each runs in a context of its own who
 the loop runs them only while the node lives and is not paused, and the node reads its own
 (drifting) clock.
 
-The Raft log: each node writes it into its own directory, on the real file system of a
-per-run temporary directory (a crash drops the process's objects; what it wrote stays).
-`NodeEnvironment.log_store_options` is the one place that chooses the log's file system.
+The Raft log: each node writes it into its own directory. With `SimNode.filesystem` None it
+is the real file system of a per-run temporary directory (a crash drops the process's objects;
+what it wrote stays); a simulated file system set there (one per node, outliving its
+incarnations: `LogStore(..., fs=...)`) is handed to the log store through
+`NodeEnvironment.log_store_options`, and a crash calls its `crash()`.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ class NodeEnvironment:
     simulated = True
 
     def __init__(self, name: str, loop, rng: random.Random, clock_offset_s: float,
-                 clock_rate: float) -> None:
+                 clock_rate: float, filesystem=None) -> None:
         self.name = name
+        self.filesystem = filesystem  # the Raft log's; None: the real one
         self.loop = loop
         self.rng = rng
         self.clock_offset_s = clock_offset_s
@@ -59,8 +62,7 @@ class NodeEnvironment:
         return self.rng.randbytes(count)
 
     def log_store_options(self) -> dict:
-        # The node's Raft log lives on the real file system of its data directory.
-        return {}
+        return {} if self.filesystem is None else {"fs": self.filesystem}
 
 
 class ClientEnvironment(NodeEnvironment):
@@ -87,6 +89,9 @@ class SimNode:
         self.context: contextvars.Context | None = None
         self.daemon: Daemon | None = None
         self.stopped_itself: str | None = None  # fail_stop's reason, when the node halted
+        # The disk of the node's Raft log, across incarnations: None for the real file system
+        # (under self.directory), or a simulated one (sim/disk.py SimFileSystem).
+        self.filesystem = None
         rng = world.rng
         self.clock_offset_s = rng.uniform(0, 1000)
         self.clock_rate = 1.0 + rng.uniform(-world.params.max_drift, world.params.max_drift)
@@ -135,7 +140,7 @@ class SimNode:
         world = self.world
         self.incarnation += 1
         self.env = NodeEnvironment(self.name, world.loop, random.Random(world.rng.random()),
-                                   self.clock_offset_s, self.clock_rate)
+                                   self.clock_offset_s, self.clock_rate, self.filesystem)
         self.context = contextvars.Context()
         self.context.run(environment.current.set, self.env)
         self.stopped_itself = None
@@ -163,22 +168,25 @@ class SimNode:
         self.env.crashed = True
         self.env.held.clear()
         self.world.network.crash(self.name)
-        self._release(self.daemon)
+        if self.filesystem is not None:
+            self.filesystem.crash()
+        self._release(self.daemon, close_log=self.filesystem is None)
         self.daemon = None
         self.world.trace(f"crash {self.name}")
 
     @staticmethod
-    def _release(daemon: Daemon) -> None:
-        """What the kernel does for a killed process: close its files and mappings."""
+    def _release(daemon: Daemon, close_log: bool) -> None:
+        """What the kernel does for a killed process: close its files and mappings (the Raft
+        log's too when it is on the real file system)."""
         cluster = daemon.cluster
-        if cluster is not None and cluster.raft is not None:
+        if close_log and cluster is not None and cluster.raft is not None:
             store = cluster.raft.store
             fd = getattr(store, "_fd", None)
             if fd is not None:
                 os.close(fd)
                 store._fd = None
         for memory in daemon.memory.values():
-            memory.view.release() if hasattr(memory, "view") else None
+            memory.view.release()
             try:
                 memory.mmap.close()
             except BufferError:
@@ -229,7 +237,7 @@ class World:
         for node in self.nodes.values():
             if node.daemon is not None:
                 node.env.crashed = True
-                SimNode._release(node.daemon)
+                SimNode._release(node.daemon, close_log=node.filesystem is None)
                 node.daemon = None
         shutil.rmtree(self.directory, ignore_errors=True)
 

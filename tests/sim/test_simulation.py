@@ -140,3 +140,15 @@ def test_schedule_round_trips_and_shrinking_keeps_the_failure(monkeypatch):
     smallest = shrink(2, {}, failure.value, lambda text: None)
     assert smallest.prop == failure.value.prop
     assert smallest.params.faults == []
+
+
+def test_a_lost_value_is_caught_where_no_replica_node_was_lost(monkeypatch):
+    """Keys count as possibly lost only after a node holding one of their replicas lost it:
+    with that bookkeeping switched off, a seed whose crash loses values fails."""
+    from mooncaked.sim.runner import Run
+
+    run_or_report(45)
+    monkeypatch.setattr(Run, "lose_replicas", lambda self, node_id, why: None)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(45)
+    assert failure.value.prop == "linearizability"
