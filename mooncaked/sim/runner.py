@@ -39,7 +39,7 @@ from mooncaked.sim.streams import Network
 from mooncaked.sim.world import HOST, ClientEnvironment, NodeLogFilter, World
 
 STEP_MS = 10  # the safety properties are checked this often (virtual time), and after faults
-FAULT_KINDS = ("crash", "pause", "partition", "slow", "transfer", "membership")
+FAULT_KINDS = ("crash", "pause", "partition", "slow", "transfer", "membership", "outage")
 
 
 @dataclass(frozen=True)
@@ -98,25 +98,25 @@ class Params:
     def draw(cls, seed: int, rng: random.Random, **overrides) -> "Params":
         params = cls(seed)
         params.clients = rng.randint(2, 3)
-        params.ops = rng.randint(5, 9)
+        params.ops = rng.randint(6, 12)
         params.keys = rng.randint(2, 4)
         params.max_drift = rng.choice((0.0, 0.001, 0.01, 0.05))
         params.client_abort_percent = rng.choice((0, 0, 5, 15))
         params.safety_ms = rng.randint(3000, 7000)
-        count = rng.choice((0, 1, 2, 2, 3, 4))
+        count = rng.choice((0, 1, 2, 2, 3, 4, 5))
         faults = []
         for _ in range(count):
             kind = rng.choice(FAULT_KINDS)
             at_ms = rng.randint(1500, params.safety_ms)
             if kind == "membership":
                 target = rng.choice(("remove", "drain"))
-            elif kind in ("slow", "transfer"):
-                target = "any"
+            elif kind in ("slow", "transfer", "outage"):
+                target = "all" if kind == "outage" else "any"
             else:
                 target = rng.choice(("leader", "follower", f"node{rng.randint(1, 3)}"))
             duration = {"crash": rng.randint(200, 4000), "pause": rng.randint(100, 4000),
                         "partition": rng.randint(200, 5000), "slow": rng.randint(200, 2000),
-                        "transfer": 0, "membership": 0}[kind]
+                        "transfer": 0, "membership": 0, "outage": rng.randint(100, 3000)}[kind]
             faults.append(Fault(at_ms, kind, target, duration))
         params.faults = sorted(faults, key=lambda f: (f.at_ms, f.kind, f.target))
         for key, value in overrides.items():
@@ -446,6 +446,18 @@ class Run:
             return
         if fault.kind == "membership":
             await self._membership(fault.target)
+            return
+        if fault.kind == "outage":  # every node at once: what the disks kept is all there is
+            nodes = [n for n in world.nodes.values() if n.daemon is not None]
+            for node in nodes:
+                node.crash()
+                self.crashes += 1
+                self.lose_replicas(node.node_id, "crashed")
+            self.check()
+            await asyncio.sleep(fault.duration_ms / 1000)
+            for node in nodes:
+                if node.daemon is None and not self.liveness:
+                    node.start()
             return
         node = self._pick(fault.target)
         if node is None:
