@@ -453,8 +453,10 @@ class ClusterService:
     async def _check_membership(self) -> None:
         """A node that hears from no leader asks its peers whether it is still a member: one
         removed while it was down, stopped or cut off never receives its removal (the leader
-        no longer replicates to it). Removed once a leader that has applied at least as much
-        of the log as this node lists it no more."""
+        no longer replicates to it). Removed once a peer that has applied at least as much
+        of the log as this node lists it no more: what a node applied was committed, so the
+        removal is in the log. Any peer will do, not only a leader: the leader may be a node
+        this one has never heard of."""
         conf = self.raft.core.conf_state
         members = set(conf.voters) | set(conf.learners)
         if self.node_id not in members:
@@ -466,14 +468,14 @@ class ClusterService:
                                                              timeout_s=self.rpc_timeout_s)
             except MooncakedError:
                 continue
-            if type(status) is not dict or status.get("role") != "leader" \
-                    or not isinstance(status.get("applied"), int) \
+            if type(status) is not dict or not isinstance(status.get("applied"), int) \
                     or status["applied"] < applied:
                 continue
             if self.node_id not in status.get("voters", ()) \
                     and self.node_id not in status.get("learners", ()):
-                self._mark_removed(f"node {node_id}, the leader, no longer lists it")
-            return
+                self._mark_removed(f"node {node_id}, which has applied more of the log, "
+                                   "no longer lists it")
+                return
 
     async def _leader_duties(self) -> None:
         try:

@@ -101,8 +101,11 @@ class WireClient:
     def connected(self) -> bool:
         return self.protocol is not None and not self.protocol.lost
 
-    def send(self, method: str, params: list, payload: bytes = b"") -> asyncio.Future:
-        """Write one request; the future gives (error, result, payload)."""
+    def send(self, method: str, params: list, payload: bytes = b"",
+             cut_after: int | None = None) -> asyncio.Future:
+        """Write one request; the future gives (error, result, payload). With `cut_after`,
+        only that many bytes of the frame are written before the connection is reset (a
+        client that dies in the middle of sending)."""
         protocol = self.protocol
         self._msgid += 1
         waiter = asyncio.get_running_loop().create_future()
@@ -110,10 +113,12 @@ class WireClient:
             waiter.set_exception(ConnectionLost("not connected"))
             return waiter
         protocol.waiting[self._msgid] = waiter
-        head = framing.request_head(self._msgid, method, params, len(payload))
-        protocol.transport.write(head + payload if len(payload) < 4096 else head)
-        if len(payload) >= 4096:
-            protocol.transport.write(payload)
+        frame = framing.request_head(self._msgid, method, params, len(payload)) + payload
+        if cut_after is None:
+            protocol.transport.write(frame)
+        else:
+            protocol.transport.write(frame[:cut_after])
+            protocol.transport.abort()
         return waiter
 
     async def call(self, method: str, params: list, payload: bytes = b""):

@@ -89,7 +89,7 @@ class Params:
     lease_ttl_ms: int = 500
     max_drift: float = 0.0
     client_timeout_ms: int = 6000
-    client_abort_percent: int = 0  # puts whose client drops the connection once it is sent
+    client_abort_percent: int = 0  # puts whose client's connection drops as it sends them
     safety_ms: int = 6000
     liveness_bound_ms: int = 20000
     faults: list[Fault] = field(default_factory=list)
@@ -229,10 +229,12 @@ class SimClient:
         params = [key]
         if kind in ("put", "upsert") and self.rng.random() < 0.5:
             params.append({"replica_num": 2})
-        waiter = self.wire.send(kind, params, payload)
-        if abort:
-            self.wire.abort()
-            run.trace(f"{self.name} {kind} {key}={value_id} sent, then its connection dropped")
+        cut_after = None
+        if abort:  # the whole request, or only part of its payload, then a reset
+            cut_after = self.rng.choice((1 << 30, 20 + self.rng.randrange(len(payload))))
+            run.trace(f"{self.name} {kind} {key}={value_id}: its connection drops after "
+                      f"{min(cut_after, 1 << 20)} bytes of the request")
+        waiter = self.wire.send(kind, params, payload, cut_after)
         try:
             error, result, data = await asyncio.wait_for(
                 asyncio.shield(waiter), run.params.client_timeout_ms / 1000)
@@ -301,6 +303,7 @@ class Run:
         self.crashes = 0
         self.clients: list[SimClient] = []
         self.unhandled: list[str] = []
+        self.unchecked_keys: list[str] = []  # the linearizability checker ran out of time
         self.loop.set_exception_handler(self._exception)
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -475,13 +478,17 @@ class Run:
             await asyncio.sleep(fault.duration_ms / 1000)
             node.resume()
         elif fault.kind == "partition":
-            others = {n.name for n in world.nodes.values() if n is not node}
-            others |= {c.name for c in self.clients if self.rng.random() < 0.5}
+            if self.rng.random() < 0.3:  # one link only: the others still reach both ends
+                others = {self.rng.choice([n.name for n in world.nodes.values()
+                                           if n is not node])}
+            else:  # the node alone, cut off from the others and from some clients
+                others = {n.name for n in world.nodes.values() if n is not node}
+                others |= {c.name for c in self.clients if self.rng.random() < 0.5}
             self.network.reset_on_partition = self.rng.random() < 0.3
             self.network.partition({node.name}, others)
             await asyncio.sleep(fault.duration_ms / 1000)
             self.network.heal()
-            self.trace(f"healed {node.name}")
+            self.trace(f"healed {node.name} and {', '.join(sorted(others))}")
 
     async def _membership(self, how: str) -> None:
         """Take one voter out (remove or drain), then bring a new node in to replace it."""
@@ -607,8 +614,10 @@ class Run:
         lossy = [op for op in self.history if op.key in self.lossy_keys]
         result = linearizability.check(kept, allow_spontaneous_loss=False, time_budget_s=5.0)
         if result.ok:
+            self.unchecked_keys += result.timed_out_keys
             result = linearizability.check(lossy, allow_spontaneous_loss=True,
                                            time_budget_s=5.0)
+        self.unchecked_keys += result.timed_out_keys
         return result
 
 
@@ -650,7 +659,8 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
                       callbacks=run.loop.callbacks_run, operations=len(run.history),
                       unknown=sum(op.complete_ns is None for op in run.history),
                       elections=len(run.safety._announced), crashes=run.crashes,
-                      checks=run.safety.checks, unhandled=list(run.unhandled))
+                      checks=run.safety.checks, unhandled=list(run.unhandled),
+                      unchecked_keys=list(run.unchecked_keys))
         if run.violation is not None:
             raise SimFailure(params, run.violation.prop, run.violation.detail, lines)
         digest = hashlib.sha256("\n".join(lines).encode())

@@ -152,3 +152,13 @@ def test_a_lost_value_is_caught_where_no_replica_node_was_lost(monkeypatch):
     with pytest.raises(SimFailure) as failure:
         run_seed(45)
     assert failure.value.prop == "linearizability"
+
+
+def test_a_node_removed_while_cut_off_learns_it_after_the_leader_changed():
+    """Found by seed 319: node2 is removed while a partition holds its removal, then every
+    node restarts and a new node (node4) leads. node2's log still lists nodes 1-3, none of
+    which leads; it must still learn from them that it is no member (they have applied more
+    of the log than it has and do not list it), not campaign forever."""
+    run_or_report(319, faults=Fault.parse_schedule(
+        "partition:follower:2277:806;partition:follower:2563:590;"
+        "membership:remove:2652:0;outage:all:2954:1251"))
