@@ -247,6 +247,12 @@ class SimClient:
         complete_ns = run.now_ns()
         code = error[0] if type(error) is list else None
         outcome = None
+        if kind == "put" and error is None and result is False:
+            # The key is present or being written (a put in progress holds it too, while a
+            # get does not see it yet): no state of the checker's model; the put changed
+            # nothing, so it is left out.
+            run.trace(f"{self.name} put {key}={value_id} -> False (nothing changed)")
+            return
         if error is None:
             outcome = result
             if kind == "get":
