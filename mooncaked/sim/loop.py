@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import selectors
 
 from mooncaked import environment
@@ -57,6 +58,17 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
+def _drop(callback) -> None:
+    """A crashed node's callback is never run; a task of its that never started has its
+    coroutine closed (no code of it runs), as the process's death would have."""
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        coroutine = task.get_coro()
+        if inspect.iscoroutine(coroutine) \
+                and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+            coroutine.close()
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, network=None) -> None:
         self._now = 0.0
@@ -86,6 +98,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         def guarded(*call_args):
             if env.crashed:
+                _drop(callback)
                 return
             if env.paused:
                 env.held.append((callback, call_args, context))

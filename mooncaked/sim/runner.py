@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import logging
 import random
-import warnings
 from dataclasses import dataclass, field
 
 from mooncaked import environment
@@ -645,8 +644,6 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
         logging.getLogger("mooncaked").setLevel(logging.CRITICAL)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     asyncio.set_event_loop(run.loop)
-    # A crashed node's tasks that never ran are dropped with their coroutines.
-    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
     try:
         try:
             run.loop.run_until_complete(run.main())
