@@ -377,8 +377,10 @@ class Run:
             return  # "Task was destroyed but it is pending": a crashed node's, seen by the GC
         where = getattr(environment.current.get(), "name", "world")
         text = f"{context.get('message')}: {type(exc).__name__ if exc else ''} {exc or ''}"
-        self.trace(f"unhandled in {where}: {text}")
         self.unhandled.append(text)
+        # An error no code handled (a callback that raised, a task whose failure nobody
+        # looked at): the daemon would only have logged it and gone on.
+        self.fail(Violation("unhandled error", f"in {where}: {text}"))
 
     def _sync_delay(self) -> float:
         return self._sync_rng.uniform(0.0002, 0.004)

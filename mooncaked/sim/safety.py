@@ -10,7 +10,8 @@ Raft (the paper's figure 3):
 - a node's term and commit index never go back while it runs.
 Store:
 - the state machine's own invariants (no two live ranges overlap in a segment, ...);
-- no node stops itself (fail-stop): nothing in this world makes that right.
+- no node stops itself (fail-stop): nothing in this world makes that right;
+- no error reaches the event loop unhandled (the runner's exception handler).
 """
 
 from __future__ import annotations

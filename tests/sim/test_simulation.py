@@ -162,3 +162,22 @@ def test_a_node_removed_while_cut_off_learns_it_after_the_leader_changed():
     run_or_report(319, faults=Fault.parse_schedule(
         "partition:follower:2277:806;partition:follower:2563:590;"
         "membership:remove:2652:0;outage:all:2954:1251"))
+
+
+def test_an_error_no_code_handles_is_caught(monkeypatch):
+    """A callback that raises reaches the loop's exception handler: a daemon would log it and
+    go on; the simulation fails the run."""
+    from mooncaked.daemon.main import Daemon
+
+    real = Daemon._tick
+    calls = {"n": 0}
+
+    def tick(self):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise RuntimeError("planted: a timer callback that fails")
+        return real(self)
+    monkeypatch.setattr(Daemon, "_tick", tick)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(1, faults=[])
+    assert failure.value.prop == "unhandled error"
