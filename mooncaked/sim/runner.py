@@ -297,11 +297,13 @@ class Run:
         self.removed: set[int] = set()
         self.membership_changed = False
         self.liveness = False
-        # Keys whose values may be lost: a node holding a replica of an acknowledged write
-        # of the key lost its memory (crash) or its replicas (declared down, removed). For
-        # every other key the history must be linearizable with no value ever lost.
-        self.replica_nodes: dict[str, set[int]] = {}  # key -> nodes of its acknowledged writes
-        self.unknown_writes: set[str] = set()  # keys with a write of unknown outcome
+        # No acknowledged value is lost while a node holding one of its replicas lives. The
+        # replicas of each key's readable version, as the most advanced member's state has
+        # them (refreshed every step, at every acknowledgement and before a crash); segments
+        # whose memory is gone (their node crashed, was declared down or removed). A key whose
+        # every replica is in a dead segment may lose its value; no other may.
+        self.replicas: dict[str, set[int]] = {}  # key -> segment ids of its replicas
+        self.dead_segments: set[int] = set()
         self.lossy_keys: set[str] = set()
         self._down: set[int] = set()  # nodes the log says are down
         self.violation: Violation | None = None
@@ -329,42 +331,46 @@ class Run:
     def record(self, op: linearizability.Operation, text: str) -> None:
         self.history.append(op)
         self.trace(text)
-        if op.kind in ("put", "upsert", "remove") and op.complete_ns is None:
-            self.unknown_writes.add(op.key)
-        elif op.kind in ("put", "upsert") and op.result is True:
-            self.replica_nodes.setdefault(op.key, set()).update(self._replica_nodes_of(op.key))
+        if op.kind in ("put", "upsert") and op.result is True:
+            self.refresh_replicas()  # the leader applied the PutEnd before it answered
 
-    def _replica_nodes_of(self, key: str) -> set[int]:
-        """The nodes of a key's readable version, as the most advanced running member has it
-        (the leader applied the PutEnd before it answered)."""
+    def _most_advanced_state(self):
         members = self._running_members()
         if not members:
-            return set(self.world.nodes)
+            return None
         node = max(members, key=lambda n: n.daemon.cluster.raft.applied_index)
-        entry = node.daemon.master.state.objects.get((NAMESPACE, key))
-        if entry is None or entry.complete is None:
-            return set()
-        return {c.node_of_segment(r.segment_id) for r in entry.complete.replicas}
+        return node.daemon.master.state
 
-    def lose_replicas(self, node_id: int, why: str) -> None:
-        """A node's replicas are gone: the keys that had one may lose their value."""
-        keys = {k for k, nodes in self.replica_nodes.items() if node_id in nodes}
-        keys |= self.unknown_writes
-        new = sorted(keys - self.lossy_keys)
-        if new:
-            self.trace(f"node{node_id} {why}: values of {', '.join(new)} may be lost")
-        self.lossy_keys |= keys
-
-    def _watch_down_nodes(self) -> None:
-        """NodeDown in the log drops a node's replicas."""
-        members = self._running_members()
-        if not members:
+    def refresh_replicas(self) -> None:
+        """Nodes newly declared down lose their replicas (as seen before), then the replicas
+        are read again."""
+        state = self._most_advanced_state()
+        if state is None:
             return
-        node = max(members, key=lambda n: n.daemon.cluster.raft.applied_index)
-        down = {n.node_id for n in node.daemon.master.state.nodes.values() if not n.up}
+        down = {n.node_id for n in state.nodes.values() if not n.up}
         for node_id in sorted(down - self._down):
             self.lose_replicas(node_id, "declared down")
         self._down = down
+        replicas = {}
+        for (namespace, key), entry in state.objects.items():
+            if namespace == NAMESPACE and entry.complete is not None:
+                replicas[key] = {r.segment_id for r in entry.complete.replicas}
+        self.replicas = replicas
+
+    def lose_replicas(self, node_id: int, why: str) -> None:
+        """A node's memory or replicas are gone: keys with no replica left may lose their
+        value."""
+        state = self._most_advanced_state()
+        segments = {s for segs in self.replicas.values() for s in segs}
+        if state is not None:
+            segments |= set(state.segments)
+        self.dead_segments |= {s for s in segments if c.node_of_segment(s) == node_id}
+        keys = {key for key, segs in self.replicas.items() if segs <= self.dead_segments}
+        new = sorted(keys - self.lossy_keys)
+        if new:
+            self.trace(f"node{node_id} {why}: no replica of {', '.join(new)} is left")
+        self.lossy_keys |= keys
+
 
     def fail(self, violation: Violation) -> None:
         if self.violation is None:
@@ -392,7 +398,7 @@ class Run:
             raise _Stop()
         try:
             self.safety.check(self.world)
-            self._watch_down_nodes()
+            self.refresh_replicas()
         except Violation as violation:
             self.fail(violation)
             raise _Stop() from None
@@ -459,6 +465,7 @@ class Run:
             return
         if fault.kind == "outage":  # every node at once: what the disks kept is all there is
             nodes = [n for n in world.nodes.values() if n.daemon is not None]
+            self.refresh_replicas()
             for node in nodes:
                 node.crash()
                 self.crashes += 1
@@ -473,6 +480,7 @@ class Run:
         if node is None:
             return
         if fault.kind == "crash":
+            self.refresh_replicas()
             node.crash()
             self.crashes += 1
             self.lose_replicas(node.node_id, "crashed")

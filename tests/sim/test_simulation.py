@@ -143,8 +143,9 @@ def test_schedule_round_trips_and_shrinking_keeps_the_failure(monkeypatch):
 
 
 def test_a_lost_value_is_caught_where_no_replica_node_was_lost(monkeypatch):
-    """Keys count as possibly lost only after a node holding one of their replicas lost it:
-    with that bookkeeping switched off, a seed whose crash loses values fails."""
+    """A key may lose its value only once no node holds a replica of it any more (each one
+    crashed, was declared down or removed): with that bookkeeping switched off, a seed whose
+    crash loses a value fails."""
     from mooncaked.sim.runner import Run
 
     run_or_report(45)
