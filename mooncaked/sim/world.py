@@ -123,6 +123,7 @@ class SimNode:
                         "data_dir": os.path.join(self.directory, "raft"), "fsync": "batch",
                         "tick_ms": p.tick_ms, "election_ticks": p.election_ticks,
                         "node_ttl_ms": p.node_ttl_ms, "rpc_timeout_ms": p.rpc_timeout_ms,
+                        "read_mode": p.read_mode, "snapshot_entries": p.snapshot_entries,
                         "data_connections": 1},
         }, f"<sim {self.name}>")
 
