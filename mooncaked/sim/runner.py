@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import gc
 import hashlib
 import logging
 import random
+import warnings
 from dataclasses import dataclass, field
 
 from mooncaked import environment
@@ -663,14 +665,22 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     asyncio.set_event_loop(run.loop)
     try:
-        try:
-            run.loop.run_until_complete(run.main())
-        except _Stop:
-            pass
-        except Violation as violation:
-            run.fail(violation)
-        except Stalled as exc:
-            run.fail(Violation("liveness", f"the loop stalled: {exc}"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            try:
+                run.loop.run_until_complete(run.main())
+            except _Stop:
+                pass
+            except Violation as violation:
+                run.fail(violation)
+            except Stalled as exc:
+                run.fail(Violation("liveness", f"the loop stalled: {exc}"))
+            gc.collect()  # what the run dropped is finalized now, not in a later run
+        for warning in caught:
+            if "never awaited" in str(warning.message):
+                # Work created and dropped: a request never sent, and a warning in the log.
+                run.fail(Violation("unawaited coroutine", f"{warning.message} "
+                                   f"({warning.filename}:{warning.lineno})"))
         if run.violation is None:
             result = run.linearizable()
             if not result.ok:

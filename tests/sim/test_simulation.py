@@ -189,3 +189,12 @@ def test_an_error_no_code_handles_is_caught(monkeypatch):
     with pytest.raises(SimFailure) as failure:
         run_seed(1, faults=[])
     assert failure.value.prop == "unhandled error"
+
+
+def test_a_put_whose_local_replica_is_refused_sends_nothing_and_leaks_no_coroutine():
+    """Found by the simulation (seed 73): a put reaches node1 before it has applied its own
+    registration; the leader placed one replica on node1 (refused locally: SEGMENT_NOT_FOUND)
+    and one on node2, whose send had been created as a coroutine and was then dropped,
+    never awaited (a RuntimeWarning in the daemon's log)."""
+    run_or_report(73, nodes=3, read_mode="lease", snapshot_entries=10, clients=3, ops=10,
+                  keys=2, max_drift=0.05, client_abort_percent=5, safety_ms=5403, faults=[])
