@@ -863,13 +863,18 @@ class ClusterService:
         size = len(payload)
         sends = []
         remote = 0
-        for replica in replicas:
-            node = c.node_of_segment(replica.segment_id)
-            if node == self.node_id:
-                self._local_view(replica.segment_id, replica.offset, size)[:] = payload
-            else:
-                remote += 1
-                sends.extend(self._send_stripes(node, replica, payload))
+        try:
+            for replica in replicas:
+                node = c.node_of_segment(replica.segment_id)
+                if node == self.node_id:
+                    self._local_view(replica.segment_id, replica.offset, size)[:] = payload
+                else:
+                    remote += 1
+                    sends.extend(self._send_stripes(node, replica, payload))
+        except BaseException:
+            for send in sends:  # never started: nothing is sent
+                send.close()
+            raise
         if sends:
             results = await asyncio.gather(*sends, return_exceptions=True)
             for result in results:
