@@ -178,6 +178,8 @@ class ClusterService:
         for node in daemon.master.state.nodes.values():
             self.addresses.setdefault(node.node_id, node.peer_address)
         self.raft.start()
+        if os.path.exists(self._removed_marker()):
+            self._mark_removed("it had been removed before this start")
         fresh_join = voters is None and self.raft.core.last_index == 0
         if fresh_join:
             await self._join()
@@ -326,6 +328,16 @@ class ClusterService:
         self.raft.stop_ticking()  # it never campaigns again
         log.warning("this node was removed from the cluster (%s): it serves no cluster data; "
                     "to serve again, restart it with an empty data_dir and add it again", why)
+        # Remembered across restarts: the removal may be compacted into a snapshot, and the
+        # members that could tell it again no longer replicate to it.
+        try:
+            with open(self._removed_marker(), "w") as marker:
+                marker.write(f"{why}\n")
+        except OSError as exc:
+            log.warning("could not record the removal in %s: %s", self._removed_marker(), exc)
+
+    def _removed_marker(self) -> str:
+        return os.path.join(self.cluster_config.data_dir, f"node-{self.node_id}.removed")
 
     def check_member(self) -> None:
         if self.removed:

@@ -198,3 +198,14 @@ def test_a_put_whose_local_replica_is_refused_sends_nothing_and_leaks_no_corouti
     never awaited (a RuntimeWarning in the daemon's log)."""
     run_or_report(73, nodes=3, read_mode="lease", snapshot_entries=10, clients=3, ops=10,
                   keys=2, max_drift=0.05, client_abort_percent=5, safety_ms=5403, faults=[])
+
+
+def test_a_removed_node_still_knows_it_after_a_restart():
+    """Found by the simulation (shrunk from seed 3757): node2 is drained (it applies its own
+    removal and says so), then every node restarts. node2's own log no longer lists it (the
+    removal is in its snapshot), it hears from no leader, and it took itself for a node still
+    joining: role follower, removed false, ready to serve its stale copy of the log. It must
+    stay removed."""
+    run_or_report(3757, nodes=5, read_mode="lease", snapshot_entries=10, clients=3, ops=8,
+                  keys=4, max_drift=0.0, client_abort_percent=0, safety_ms=6826,
+                  faults=Fault.parse_schedule("membership:drain:2550:0;outage:all:5655:89"))
