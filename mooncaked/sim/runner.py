@@ -168,7 +168,6 @@ class Stats:
     crashes: int = 0
     checks: int = 0
     trace_digest: str = ""
-    unhandled: list = field(default_factory=list)  # exceptions no code handled
     unchecked_keys: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -318,7 +317,6 @@ class Run:
         self.violation: Violation | None = None
         self.crashes = 0
         self.clients: list[SimClient] = []
-        self.unhandled: list[str] = []
         self.unchecked_keys: list[str] = []  # the linearizability checker ran out of time
         self.loop.set_exception_handler(self._exception)
 
@@ -392,7 +390,6 @@ class Run:
             return  # "Task was destroyed but it is pending": a crashed node's, seen by the GC
         where = getattr(environment.current.get(), "name", "world")
         text = f"{context.get('message')}: {type(exc).__name__ if exc else ''} {exc or ''}"
-        self.unhandled.append(text)
         # An error no code handled (a callback that raised, a task whose failure nobody
         # looked at): the daemon would only have logged it and gone on.
         self.fail(Violation("unhandled error", f"in {where}: {text}"))
@@ -690,8 +687,7 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
                       callbacks=run.loop.callbacks_run, operations=len(run.history),
                       unknown=sum(op.complete_ns is None for op in run.history),
                       elections=len(run.safety._announced), crashes=run.crashes,
-                      checks=run.safety.checks, unhandled=list(run.unhandled),
-                      unchecked_keys=list(run.unchecked_keys))
+                      checks=run.safety.checks, unchecked_keys=list(run.unchecked_keys))
         if run.violation is not None:
             raise SimFailure(params, run.violation.prop, run.violation.detail, lines)
         digest = hashlib.sha256("\n".join(lines).encode())

@@ -255,9 +255,3 @@ class NodeLogFilter(logging.Filter):
         record.sim_ms = int(self.loop.time() * 1000)
         return True
 
-
-def quiet_asyncio_warnings() -> None:
-    """Dropped tasks of crashed nodes are expected; asyncio's complaints about them are not
-    findings."""
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-
