@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true",
                         help="run without faults (the workload and checks only)")
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
-                        help="voters of the initial cluster (default 3)")
+                        help="voters of the initial cluster (default: drawn per seed, 3 or 5)")
     parser.add_argument("--clients", type=int, default=None, metavar="N",
                         help="concurrent clients (default: drawn per seed, 2-3)")
     parser.add_argument("--ops", type=int, default=None, metavar="N",
