@@ -133,7 +133,8 @@ class Params:
     def describe(self) -> str:
         faults = "; ".join(f.describe() for f in self.faults) or "none"
         return (f"nodes={self.nodes} read_mode={self.read_mode} "
-                f"snapshot_entries={self.snapshot_entries} clients={self.clients} ops={self.ops} keys={self.keys} "
+                f"snapshot_entries={self.snapshot_entries} clients={self.clients} "
+                f"ops={self.ops} keys={self.keys} "
                 f"drift={self.max_drift} abort%={self.client_abort_percent} "
                 f"safety_ms={self.safety_ms} faults: {faults}")
 

@@ -23,8 +23,8 @@ import random
 
 from mooncaked import environment
 
-MAX_READ_BYTES = 256 * 1024
-ORDER_GAP_S = 1e-6  # between two deliveries of one direction at least  # what one delivery hands a BufferedProtocol at most
+MAX_READ_BYTES = 256 * 1024  # what one delivery hands a BufferedProtocol at most
+ORDER_GAP_S = 1e-6  # between two deliveries of one direction at least
 
 
 class _FakeSocket:
