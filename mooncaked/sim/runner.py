@@ -474,7 +474,7 @@ class Run:
             nodes = [n for n in world.nodes.values() if n.daemon is not None]
             self.refresh_replicas()
             for node in nodes:
-                node.crash()
+                node.crash(power_loss=True)
                 self.crashes += 1
                 self.lose_replicas(node.node_id, "crashed")
             self.check()

@@ -13,7 +13,8 @@ The Raft log: each node writes it into its own directory. With `SimNode.filesyst
 is the real file system of a per-run temporary directory (a crash drops the process's objects;
 what it wrote stays); a simulated file system set there (one per node, outliving its
 incarnations: `LogStore(..., fs=...)`) is handed to the log store through
-`NodeEnvironment.log_store_options`, and a crash calls its `crash()`.
+`NodeEnvironment.log_store_options`; a crash calls its `close_all()` (kill -9: every write
+stays), a power loss its `crash()` (only what was synced stays).
 """
 
 from __future__ import annotations
@@ -161,16 +162,21 @@ class SimNode:
             self.stopped_itself = f"exit status {daemon.exit_status}"
             self.world.node_stopped(self, self.stopped_itself)
 
-    def crash(self) -> None:
-        """kill -9: every callback of this incarnation is dropped, its connections reset,
-        its memory gone; the data directory stays."""
+    def crash(self, power_loss: bool = False) -> None:
+        """kill -9 (or, with power_loss, the machine's power goes): every callback of this
+        incarnation is dropped, its connections reset, its memory gone; the data directory
+        stays (all that was written to it, or, after a power loss on a simulated file system,
+        what was synced)."""
         if self.daemon is None or self.env.crashed:
             return
         self.env.crashed = True
         self.env.held.clear()
         self.world.network.crash(self.name)
         if self.filesystem is not None:
-            self.filesystem.crash()
+            if power_loss:
+                self.filesystem.crash()
+            else:
+                self.filesystem.close_all()
         self._release(self.daemon, close_log=self.filesystem is None)
         self.daemon = None
         self.world.trace(f"crash {self.name}")
