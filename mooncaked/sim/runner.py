@@ -22,6 +22,7 @@ import contextvars
 import dataclasses
 import gc
 import hashlib
+import inspect
 import logging
 import random
 import warnings
@@ -711,4 +712,12 @@ def _close_loop(run: Run) -> None:
     loop = run.loop
     for task in asyncio.all_tasks(loop):
         task._log_destroy_pending = False
+        coroutine = task.get_coro()
+        if inspect.iscoroutine(coroutine) \
+                and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+            coroutine.close()  # cut off by the end of the run before it started
     loop.close()
+    with warnings.catch_warnings():
+        # What the end of the run cut off is finalized here, not counted against the next.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gc.collect()
