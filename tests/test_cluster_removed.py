@@ -79,8 +79,9 @@ def test_a_removed_node_says_so_and_refuses_data_requests(cluster, method):
 
 @pytest.mark.parametrize("absence", ["killed", "stopped"])
 def test_a_node_removed_while_it_was_away_learns_it_when_it_comes_back(cluster, absence):
-    """Its own log never saw the removal: it learns it from the leader, which no longer lists
-    it (and no longer replicates to it)."""
+    """Its own log never saw the removal: it learns it from a member that has applied more
+    of the log (the leader, which no longer replicates to it, or another) and no longer lists
+    it."""
     leader = cluster.wait_for_leader()
     victim = next(i for i in (3, 2) if i != leader)
     keeper = next(i for i in (1, 2, 3) if i not in (leader, victim))

@@ -315,7 +315,7 @@ def test_copies_are_spaced_to_keep_under_the_byte_rate(monkeypatch):
     async def fake_sleep(seconds):
         slept.append(seconds)
         now[0] += seconds
-    monkeypatch.setattr(repair_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(repair_module.environment, "monotonic", lambda: now[0])
     monkeypatch.setattr(repair_module.asyncio, "sleep", fake_sleep)
     repair = ReplicaRepair(FakeService(new_state()))
     repair.bytes_per_s = 1000

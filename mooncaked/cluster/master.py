@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
+from mooncaked import environment
 from mooncaked.config import StoreConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.cluster.arenas import LeaderArenas, PendingPut
@@ -42,7 +42,7 @@ from mooncaked.raft.types import Role
 
 
 def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+    return environment.monotonic_ns() // 1_000_000
 
 
 class ReplicatedMaster(MasterPolicy):

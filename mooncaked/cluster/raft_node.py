@@ -21,9 +21,9 @@ import asyncio
 import concurrent.futures
 import logging
 import random
-import time
 from typing import Callable
 
+from mooncaked import environment
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import codec as command_codec
 from mooncaked.meta.commands import Batch
@@ -63,7 +63,7 @@ class RaftNode:
         self.core = RaftCore(
             RaftConfig(node_id, election_ticks=election_ticks, heartbeat_ticks=heartbeat_ticks,
                        read_only=read_mode, max_uncommitted_entries=max_pending_proposals),
-            random.Random(node_id * 7919 + time.monotonic_ns()),
+            random.Random(node_id * 7919 + environment.monotonic_ns()),
             hard_state=recovered.hard_state, snapshot=recovered.snapshot,
             entries=recovered.entries,
             conf_state=ConfState(initial_voters) if fresh and initial_voters else None)
@@ -106,7 +106,7 @@ class RaftNode:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._last_tick_ns = time.monotonic_ns()
+        self._last_tick_ns = environment.monotonic_ns()
         self._ticker = self._loop.call_later(self.tick_ms / 1000, self._tick)
         self._schedule()
 
@@ -118,7 +118,7 @@ class RaftNode:
         its election timeout see that at once: its check-quorum lease has lapsed, so it serves
         no read on the strength of acknowledgements older than the timeout.
         """
-        now_ns = time.monotonic_ns()
+        now_ns = environment.monotonic_ns()
         period_ns = self.tick_ms * 1_000_000
         due = (now_ns - self._last_tick_ns) // period_ns
         if due <= 0:
@@ -160,7 +160,7 @@ class RaftNode:
             return
         if message.to != self.node_id:
             return
-        self.last_contact[message.from_] = time.monotonic()
+        self.last_contact[message.from_] = environment.monotonic()
         self.core.step(message)
         self._schedule()
 
@@ -438,12 +438,12 @@ class RaftNode:
                 if not waiter.done():
                     waiter.set_exception(error)
             return
-        self._proposals[index] = (self.core.term, waiters, time.monotonic())
+        self._proposals[index] = (self.core.term, waiters, environment.monotonic())
 
     def _expire_proposals(self) -> None:
         if not self._proposals or self.role == Role.LEADER:
             return
-        deadline = time.monotonic() - self.proposal_timeout_ms / 1000
+        deadline = environment.monotonic() - self.proposal_timeout_ms / 1000
         for index, (_, waiters, proposed_at) in list(self._proposals.items()):
             if proposed_at < deadline:
                 del self._proposals[index]

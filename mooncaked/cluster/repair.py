@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
+from mooncaked import environment
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.meta import commands as c
 from mooncaked.meta.state_machine import Segment, StateMachine, Version
@@ -100,12 +100,12 @@ class ReplicaRepair:
             return
         self._term = term
         self._wake = asyncio.Event()
-        self._rescan_at = time.monotonic()
+        self._rescan_at = environment.monotonic()
         self._task = self.service._spawn(self._run(term))
 
     def state_changed(self) -> None:
         """The membership or the segments changed: scan again (on the leader)."""
-        self._rescan_at = time.monotonic()
+        self._rescan_at = environment.monotonic()
         if self._wake is not None:
             self._wake.set()
 
@@ -134,7 +134,7 @@ class ReplicaRepair:
         except MooncakedError:
             return
         while self._leading(term):
-            now = time.monotonic()
+            now = environment.monotonic()
             if self._rescan_at is not None and now >= self._rescan_at:
                 self._rescan_at = None
                 for key in under_replicated(self.service.daemon.master.state):
@@ -169,13 +169,13 @@ class ReplicaRepair:
                         log.error("repair of %r failed", key, exc_info=result)
                     self.last_failure = f"{key[0]}/{key[1]}: {message}"[:300]
                     if self._rescan_at is None:
-                        self._rescan_at = time.monotonic() + self.retry_s
+                        self._rescan_at = environment.monotonic() + self.retry_s
         if self._term == term:
             self.queue.clear()
 
     async def _throttle(self, size: int) -> None:
         """Wait until `size` more bytes keep the copies under repair_bytes_per_s."""
-        now = time.monotonic()
+        now = environment.monotonic()
         start = max(now, self._next_send)
         self._next_send = start + size / self.bytes_per_s
         if start > now:

@@ -42,9 +42,9 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from typing import Any
 
+from mooncaked import environment
 from mooncaked.cluster import meta_requests
 from mooncaked.cluster.master import ReplicatedMaster
 from mooncaked.cluster.peer_security import PeerSecurity
@@ -139,7 +139,7 @@ class ClusterService:
         self._leader_changed: asyncio.Future | None = None  # resolved when the leader changes
         # Numbers the writer ids of this node's puts; a random start keeps them apart from an
         # earlier incarnation's, whose late commands may still reach the log.
-        self.put_attempts = int.from_bytes(os.urandom(4), "little")
+        self.put_attempts = int.from_bytes(environment.random_bytes(4), "little")
         self._leader_since = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"forwarded": 0, "replica_bytes_sent": 0, "replica_bytes_received": 0,
@@ -164,7 +164,8 @@ class ClusterService:
                         "that reaches port %d can join, forward requests and write replicas",
                         cc.peer_host, port)
         self.addresses[self.node_id] = self.peer_address
-        store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync)
+        store = LogStore(os.path.join(cc.data_dir, f"node-{self.node_id}"), fsync=cc.fsync,
+                         **environment.log_store_options())
         if self.members_config:
             voters = tuple(sorted(self.members_config))
         elif self.join_address:
@@ -187,6 +188,8 @@ class ClusterService:
         for node in daemon.master.state.nodes.values():
             self.addresses.setdefault(node.node_id, node.peer_address)
         self.raft.start()
+        if os.path.exists(self._removed_marker()):
+            self._mark_removed("it had been removed before this start")
         fresh_join = voters is None and self.raft.core.last_index == 0
         if fresh_join:
             await self._join()
@@ -276,7 +279,7 @@ class ClusterService:
             if self.daemon.config.namespaces:
                 self._spawn(self._seed_quotas(term))
             self._spawn(self._seed_store_settings(term))
-            self._leader_since = now = time.monotonic()
+            self._leader_since = now = environment.monotonic()
             for node_id in self.daemon.master.state.nodes:
                 self.raft.last_contact[node_id] = now  # silence is counted from here
             self.repair.start(term)
@@ -298,7 +301,7 @@ class ClusterService:
         if isinstance(command, (c.NodeUp, c.NodeReturn)):
             # It has just registered: its silence is counted from here, not from before it
             # (re)started, or the leader declares it down again at once.
-            self.raft.last_contact[command.node_id] = time.monotonic()
+            self.raft.last_contact[command.node_id] = environment.monotonic()
 
     def _check_own_segments(self) -> None:
         """Register again when the log no longer mounts this node's current segments: it was
@@ -337,6 +340,16 @@ class ClusterService:
         self.raft.stop_ticking()  # it never campaigns again
         log.warning("this node was removed from the cluster (%s): it serves no cluster data; "
                     "to serve again, restart it with an empty data_dir and add it again", why)
+        # Remembered across restarts: the removal may be compacted into a snapshot, and the
+        # members that could tell it again no longer replicate to it.
+        try:
+            with open(self._removed_marker(), "w") as marker:
+                marker.write(f"{why}\n")
+        except OSError as exc:
+            log.warning("could not record the removal in %s: %s", self._removed_marker(), exc)
+
+    def _removed_marker(self) -> str:
+        return os.path.join(self.cluster_config.data_dir, f"node-{self.node_id}.removed")
 
     def check_member(self) -> None:
         if self.removed:
@@ -373,9 +386,9 @@ class ClusterService:
         """Wait (within the leader wait) while this node's segments are not mounted in the log
         (at start, or after it was declared down): a put placed meanwhile could not use them,
         and placement no longer waits in the log behind the registration."""
-        deadline = time.monotonic() + self._leader_wait_s()
+        deadline = environment.monotonic() + self._leader_wait_s()
         while self.registered_term < 0 and not self.removed and not self.leaving \
-                and time.monotonic() < deadline:
+                and environment.monotonic() < deadline:
             await asyncio.sleep(self.cluster_config.tick_ms / 1000)
 
     def _register_soon(self) -> None:
@@ -414,9 +427,9 @@ class ClusterService:
                 own = [c.segment_id_of(self.node_id, index, generation)
                        for index in range(segments.count)]
                 state = daemon.master.state
-                deadline = time.monotonic() + self.rpc_timeout_s
+                deadline = environment.monotonic() + self.rpc_timeout_s
                 while not all(segment_id in state.segments for segment_id in own):
-                    if time.monotonic() > deadline:
+                    if environment.monotonic() > deadline:
                         raise MooncakedError(ErrorCode.RPC_TIMEOUT,
                                              "the registration was not applied here in time")
                     await asyncio.sleep(0.01)
@@ -484,7 +497,7 @@ class ClusterService:
         task.add_done_callback(lambda t: setattr(self, "_sweeping", False))
 
     def _check_membership_soon(self) -> None:
-        now = time.monotonic()
+        now = environment.monotonic()
         checking = self._membership_check
         if now >= self._membership_check_at and (checking is None or checking.done()):
             self._membership_check_at = now + self._leader_wait_s()
@@ -493,8 +506,10 @@ class ClusterService:
     async def _check_membership(self) -> None:
         """A node that hears from no leader asks its peers whether it is still a member: one
         removed while it was down, stopped or cut off never receives its removal (the leader
-        no longer replicates to it). Removed once a leader that has applied at least as much
-        of the log as this node lists it no more."""
+        no longer replicates to it). Removed once a peer that has applied at least as much
+        of the log as this node lists it no more: what a node applied was committed, so the
+        removal is in the log. Any peer will do, not only a leader: the leader may be a node
+        this one has never heard of."""
         conf = self.raft.core.conf_state
         members = set(conf.voters) | set(conf.learners)
         if self.node_id not in members:
@@ -506,14 +521,14 @@ class ClusterService:
                                                              timeout_s=self.rpc_timeout_s)
             except MooncakedError:
                 continue
-            if type(status) is not dict or status.get("role") != "leader" \
-                    or not isinstance(status.get("applied"), int) \
+            if type(status) is not dict or not isinstance(status.get("applied"), int) \
                     or status["applied"] < applied:
                 continue
             if self.node_id not in status.get("voters", ()) \
                     and self.node_id not in status.get("learners", ()):
-                self._mark_removed(f"node {node_id}, the leader, no longer lists it")
-            return
+                self._mark_removed(f"node {node_id}, which has applied more of the log, "
+                                   "no longer lists it")
+                return
 
     async def _leader_duties(self) -> None:
         try:
@@ -529,7 +544,7 @@ class ClusterService:
         state = self.daemon.master.state
         ttl_s = self.cluster_config.node_ttl_ms / 1000
         grace_ms = self.cluster_config.node_return_grace_ms
-        now = time.monotonic()
+        now = environment.monotonic()
         members = set(self.raft.core.conf_state.voters) | set(self.raft.core.conf_state.learners)
         for node in list(state.nodes.values()):
             if not node.up or node.node_id == self.node_id:
@@ -592,20 +607,20 @@ class ClusterService:
         """The current leader, waiting until `deadline` (monotonic seconds; by default
         _leader_wait_s from now) for one to appear, then NO_LEADER."""
         if deadline is None:
-            deadline = time.monotonic() + self._leader_wait_s()
+            deadline = environment.monotonic() + self._leader_wait_s()
         while True:
             self.check_member()
             leader = self.raft.leader_id
             if leader:
                 return leader
-            if time.monotonic() > deadline:
+            if environment.monotonic() > deadline:
                 raise MooncakedError(ErrorCode.NO_LEADER, "the cluster has no leader now")
             await asyncio.sleep(self.cluster_config.tick_ms / 1000)
 
     async def _before_asking_again(self, deadline: float, why: str) -> None:
         """Wait until the leader changes or a tick passes (a restarted leader may be back);
         NO_LEADER once the deadline has passed. Only for a request nothing applied."""
-        remaining = deadline - time.monotonic()
+        remaining = deadline - environment.monotonic()
         if remaining <= 0:
             raise MooncakedError(ErrorCode.NO_LEADER,
                                  f"no leader answered in time ({why}); the request was not "
@@ -631,7 +646,7 @@ class ClusterService:
         when its outcome is unknown, OUTCOME_UNKNOWN (the leader changed while it held it) or
         RPC_FAIL / RPC_TIMEOUT (the connection failed after it was sent).
         """
-        deadline = time.monotonic() + self._leader_wait_s()
+        deadline = environment.monotonic() + self._leader_wait_s()
         while True:
             leader = await self.leader_id(deadline)
             if leader == self.node_id:
@@ -918,13 +933,18 @@ class ClusterService:
         size = len(payload)
         sends = []
         remote = 0
-        for replica in replicas:
-            node = c.node_of_segment(replica.segment_id)
-            if node == self.node_id:
-                self._local_view(replica.segment_id, replica.offset, size)[:] = payload
-            else:
-                remote += 1
-                sends.extend(self._send_stripes(node, replica, payload))
+        try:
+            for replica in replicas:
+                node = c.node_of_segment(replica.segment_id)
+                if node == self.node_id:
+                    self._local_view(replica.segment_id, replica.offset, size)[:] = payload
+                else:
+                    remote += 1
+                    sends.extend(self._send_stripes(node, replica, payload))
+        except BaseException:
+            for send in sends:  # never started: nothing is sent
+                send.close()
+            raise
         if sends:
             results = await asyncio.gather(*sends, return_exceptions=True)
             for result in results:

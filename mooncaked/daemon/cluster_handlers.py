@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
+from mooncaked import environment
 from mooncaked.cluster.peer_transport import uninitialized_bytearray
 from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
@@ -160,7 +160,7 @@ async def _read(conn, keys) -> list:
 def _check_lease(conn, started: float) -> None:
     """Bytes read after the read lease ended may be another object's by now (the leader frees
     and reuses a range once no lease covers it): they are not returned."""
-    if time.monotonic() - started >= conn.daemon.config.store.lease_ttl_ms / 1000:
+    if environment.monotonic() - started >= conn.daemon.config.store.lease_ttl_ms / 1000:
         raise MooncakedError(ErrorCode.TRANSFER_FAIL,
                              "reading the replica took longer than the read lease")
 
@@ -176,7 +176,7 @@ def handle_get(conn, params: list, payload_length: int):
     key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
-        started = time.monotonic()  # the lease starts later, when the leader grants it
+        started = environment.monotonic()  # the lease starts later, when the leader grants it
         (version,) = await _read(conn, [key])
         if version is None:
             raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
@@ -229,7 +229,7 @@ def handle_get_staged(conn, params: list, payload_length: int):
     key = params_check.key(conn, params[0])
 
     async def run() -> Reply:
-        started = time.monotonic()  # the lease starts later, when the leader grants it
+        started = environment.monotonic()  # the lease starts later, when the leader grants it
         (version,) = await _read(conn, [key])
         if version is None:
             raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
@@ -303,7 +303,7 @@ def handle_batch_get(conn, params: list, payload_length: int):
     keys = params_check.keys(conn, params[0])
 
     async def run() -> Reply:
-        started = time.monotonic()
+        started = environment.monotonic()
         versions = await _read(conn, keys)
         present = [v for v in versions if v is not None]
         values = await asyncio.gather(*(_value_of(conn, v) for v in present))

@@ -20,6 +20,7 @@ import stat
 import sys
 import time
 
+from mooncaked import environment
 from mooncaked import __version__
 from mooncaked import config as config_module
 from mooncaked._native import OffsetAllocator
@@ -45,7 +46,7 @@ EXIT_FAILED = 70  # EX_SOFTWARE: a fatal error at run time (fail_stop)
 
 
 def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+    return environment.monotonic_ns() // 1_000_000
 
 
 class Daemon:
@@ -88,7 +89,7 @@ class Daemon:
             put_start_discard_timeout_ms=settings.put_start_discard_timeout_ms,
             put_start_release_timeout_ms=settings.put_start_release_timeout_ms,
             allocation_strategy=settings.allocation_strategy)
-        seed = int.from_bytes(os.urandom(8), "little")
+        seed = int.from_bytes(environment.random_bytes(8), "little")
         if config.cluster.enabled:
             from mooncaked.cluster.master import ReplicatedMaster
             # Mutations go through the log (the cluster service attaches it at start); ages

@@ -1,58 +1,64 @@
-"""Run the deterministic cluster simulation from the command line.
+"""Run the deterministic simulation of real mooncaked cluster daemons from the command line.
 
-    python -m mooncaked.sim --seeds 200            # seeds 0..199; stops at the first failure
+    python -m mooncaked.sim --seeds 1000                 # seeds 0..999; stops at the first failure
     python -m mooncaked.sim --seeds 1000 --start 5000 --keep-going
-    python -m mooncaked.sim --seed 1234 --trace    # replay one seed, printing every event
-    python -m mooncaked.sim --seed 1234 --nodes 5 --ops 300
-    python -m mooncaked.sim --seeds 50 --mutant ack_before_sync   # test the tester
+    python -m mooncaked.sim --seed 1234 --trace          # replay one seed, printing every event
+    python -m mooncaked.sim --seed 1234 --trace --log debug   # and the daemons' own log lines
+    python -m mooncaked.sim --seed 1234 --shrink         # the smallest fault schedule that fails
+    python -m mooncaked.sim --seed 1234 --schedule "crash:leader:2000:800;pause:node2:3000:500"
 
-Each seed draws its own cluster (3 or 5 voters, maybe a learner that joins and is promoted,
-safe or lease reads) and fault mix (message loss, duplication and late replay, delay,
-partitions, crashes that lose unsynced writes, crashes right after a vote, whole-cluster
-outages, pauses, clock drift, snapshots, leadership transfers), runs a client workload under
-faults (the safety phase), heals everything and requires a leader and an answer for every
-client within 10 election timeouts (the liveness phase), lets the nodes settle, reads every
-key, and checks the history for linearizability. Options override what the seed draws. A seed
-replays exactly: the same seed gives the same trace (its digest is printed with --seed).
+Each seed builds a cluster of real daemons (mooncaked/daemon/main.py Daemon in cluster mode:
+the Raft driver, the leader's master, forwarding, the peer transport, the client handlers) in
+one process, on a virtual-time event loop with simulated streams (mooncaked/sim/loop.py,
+streams.py, world.py). It draws a client workload and a fault schedule (crash and restart,
+pause and resume, partitions, a slow network, leader transfers, a membership change: remove or
+drain a node and add a new one; clients that drop their connection mid-put; clock drift),
+runs the workload under the faults, heals everything and requires the cluster to settle
+(a leader, every request answered, every member at one state), then checks the client history
+for linearizability. Raft's and the store's safety properties are checked every 10 virtual ms.
+A seed replays exactly: the same seed gives the same trace (its digest is printed with --seed).
 
-The nodes run the real Raft core (raft/core.py) and state machine (meta/state_machine.py);
-the driver, leader and client logic of the daemon (cluster/*.py, daemon/cluster_handlers.py)
-is re-written here with callbacks, with the fixes listed in sim/params.py FIXES for the bugs
-the simulation found in it (--daemon-as-is turns them off).
-
-A failure prints the seed, its parameters, the broken property and the last trace lines, and
-the command that replays it. Exit status: 0 if every seed passed, 1 otherwise.
-
-Options:
-  --seeds N          run N seeds, from --start (default 0)
-  --seed S           run one seed
-  --trace            print every event of the run (with --seed)
-  --nodes 3|5        voters (default: drawn per seed)
-  --ops N            client operations in the safety phase (default 100)
-  --clients N        clients (default: drawn per seed, 1-8)
-  --read-mode M      safe or lease (default: drawn per seed): how the leader confirms reads
-  --mutant NAME      ack_before_sync or vote_not_persisted: a planted bug the checks must catch
-  --without-fix NAME  run the daemon's cluster logic without one of the fixes this simulation
-                     proposes for bugs it found there (repeatable): replica_generation,
-                     lease_after_barrier, writer_per_put, reregister (sim/params.py FIXES)
-  --daemon-as-is     without any of them: the daemon's cluster logic exactly as it is
-  --keep-going       run every seed and report all failures
+A failure prints the seed, its parameters and fault schedule, the broken property, the last
+trace lines and the command that replays it. Exit status: 0 if every seed passed, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 
-from mooncaked.sim.params import FIXES, MUTANTS
-from mooncaked.sim.run import SimFailure, run_seed
+from mooncaked.sim.runner import FAULT_KINDS, Fault, SimFailure, run_seed
+
+
+def shrink(seed: int, overrides: dict, failure: SimFailure, say) -> SimFailure:
+    """Drop faults (then shorten them) while the seed still breaks the same property."""
+    best = failure
+    faults = list(failure.params.faults)
+    changed = True
+    while changed:
+        changed = False
+        candidates = [faults[:i] + faults[i + 1:] for i in range(len(faults))]
+        candidates += [faults[:i] + [Fault(f.at_ms, f.kind, f.target, f.duration_ms // 2)]
+                       + faults[i + 1:] for i, f in enumerate(faults) if f.duration_ms > 100]
+        for candidate in candidates:
+            try:
+                run_seed(seed, **{**overrides, "faults": candidate})
+            except SimFailure as again:
+                if again.prop == best.prop:
+                    best, faults, changed = again, candidate, True
+                    say(f"  still fails with {len(faults)} fault(s): "
+                        f"{Fault.format_schedule(faults) or 'none'}")
+                    break
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mooncaked.sim",
-                                     description="deterministic simulation of a mooncaked cluster",
-                                     epilog="exit status: 0 if every seed passed, 1 otherwise")
+    parser = argparse.ArgumentParser(
+        prog="python -m mooncaked.sim",
+        description="deterministic simulation of a cluster of real mooncaked daemons",
+        epilog="exit status: 0 if every seed passed, 1 otherwise")
     parser.add_argument("--seeds", type=int, default=None, metavar="N",
                         help="run N seeds, from --start (default 20)")
     parser.add_argument("--start", type=int, default=0, metavar="S",
@@ -61,59 +67,79 @@ def main(argv: list[str] | None = None) -> int:
                         help="run one seed (replays it exactly)")
     parser.add_argument("--trace", action="store_true",
                         help="print every event of the run (use with --seed)")
-    parser.add_argument("--nodes", type=int, choices=(3, 5), default=None,
-                        help="voters (default: drawn per seed)")
-    parser.add_argument("--ops", type=int, default=None, metavar="N",
-                        help="client operations in the safety phase (default 100)")
+    parser.add_argument("--log", choices=("debug", "info", "warning"), default=None,
+                        help="also print the daemons' log lines at this level, each with its "
+                        "virtual time and node (use with --seed)")
+    parser.add_argument("--shrink", action="store_true",
+                        help="for a failing seed: find a smaller fault schedule that still "
+                        "breaks the same property, and print it")
+    parser.add_argument("--schedule", default=None, metavar="FAULTS",
+                        help="run this fault schedule instead of the seed's: "
+                        "kind:target:at_ms:duration_ms separated by ';' (kinds: "
+                        + ", ".join(FAULT_KINDS) + "); empty = no faults")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="run without faults (the workload and checks only)")
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="voters of the initial cluster (default: drawn per seed, 3 or 5)")
     parser.add_argument("--clients", type=int, default=None, metavar="N",
-                        help="concurrent clients (default: drawn per seed, 1-8)")
-    parser.add_argument("--read-mode", choices=("safe", "lease"), default=None,
-                        help="how the leader confirms reads (default: drawn per seed)")
-    parser.add_argument("--mutant", choices=MUTANTS, default=None,
-                        help="plant a known bug the checks must catch (tests the tester)")
-    parser.add_argument("--without-fix", choices=FIXES, action="append", default=[],
-                        help="run the daemon's cluster logic without this fix the simulation "
-                        "proposes (repeatable; sim/params.py FIXES)")
-    parser.add_argument("--daemon-as-is", action="store_true",
-                        help="run the daemon's cluster logic exactly as it is, without any fix")
+                        help="concurrent clients (default: drawn per seed, 2-3)")
+    parser.add_argument("--ops", type=int, default=None, metavar="N",
+                        help="operations per client in the safety phase (default: drawn "
+                        "per seed)")
+    parser.add_argument("--keys", type=int, default=None, metavar="N",
+                        help="keys the clients share (default: drawn per seed, 2-4)")
+    parser.add_argument("--safety-ms", type=int, default=None, metavar="MS",
+                        help="virtual milliseconds of the safety phase (default: drawn per "
+                        "seed)")
     parser.add_argument("--keep-going", action="store_true",
                         help="run every seed and report all failures, not only the first")
     args = parser.parse_args(argv)
 
-    overrides = dict(voters=args.nodes, ops=args.ops, clients=args.clients,
-                     read_mode=args.read_mode, mutant=args.mutant,
-                     fixes=() if args.daemon_as_is else (
-                         tuple(f for f in FIXES if f not in args.without_fix)
-                         if args.without_fix else None))
+    overrides = {name: value for name, value in (
+        ("nodes", args.nodes), ("clients", args.clients), ("ops", args.ops),
+        ("keys", args.keys), ("safety_ms", args.safety_ms)) if value is not None}
+    if args.no_faults:
+        overrides["faults"] = []
+    elif args.schedule is not None:
+        try:
+            overrides["faults"] = Fault.parse_schedule(args.schedule)
+        except ValueError as exc:
+            parser.error(f"--schedule: {exc}")
     if args.seed is not None:
         seeds = [args.seed]
     else:
         seeds = range(args.start, args.start + (args.seeds if args.seeds is not None else 20))
     echo = print if args.trace else None
+    log_level = getattr(logging, args.log.upper()) if args.log else None
 
     started = time.perf_counter()
-    passed = failed = events = elections = virtual_ms = 0
+    passed = failed = callbacks = virtual_ms = 0
     for seed in seeds:
         try:
-            stats = run_seed(seed, echo=echo, **overrides)
+            stats = run_seed(seed, echo=echo, log_level=log_level, **overrides)
         except SimFailure as failure:
             failed += 1
             print(failure.report(), file=sys.stderr, flush=True)
+            if args.shrink:
+                print("shrinking the fault schedule...", file=sys.stderr, flush=True)
+                smallest = shrink(seed, overrides, failure,
+                                  lambda text: print(text, file=sys.stderr, flush=True))
+                print(f"smallest schedule: python -m mooncaked.sim --seed {seed} --trace "
+                      f"--schedule \"{Fault.format_schedule(smallest.params.faults)}\"",
+                      file=sys.stderr, flush=True)
             if not args.keep_going:
                 break
             continue
         passed += 1
-        events += stats.events
-        elections += stats.elections
+        callbacks += stats.callbacks
         virtual_ms += stats.virtual_ms
         if len(seeds) == 1:
-            print(f"seed {seed}: ok {stats.as_dict()}  trace digest {stats.trace_digest[:16]}")
+            print(f"seed {seed}: ok {stats.as_dict()}")
     elapsed = time.perf_counter() - started
     ran = passed + failed
     print(f"{ran} seeds ({passed} passed, {failed} failed) in {elapsed:.1f} s: "
-          f"{ran / elapsed:.2f} seeds/s, {events} events ({events / elapsed:.0f}/s), "
-          f"{elections} elections, {virtual_ms / 1000:.1f} virtual s "
-          f"({virtual_ms / 1000 / elapsed:.1f}x real time)")
+          f"{elapsed / max(ran, 1):.2f} s per seed, {callbacks} callbacks, "
+          f"{virtual_ms / 1000:.1f} virtual s ({virtual_ms / 1000 / elapsed:.1f}x real time)")
     return 1 if failed else 0
 
 

@@ -1,40 +1,30 @@
-"""The deterministic cluster simulation (mooncaked/sim) in CI.
+"""The deterministic simulation of real cluster daemons (mooncaked/sim) in CI.
 
-- a fixed list of seeds, each a whole run (safety phase under its own fault mix, then liveness,
-  then the end checks); a failure prints the seed's report: parameters, the broken property,
-  the last trace lines and the command that replays it;
+- a fixed list of seeds, each a whole run of real Daemons in cluster mode (safety phase under
+  its own fault schedule, then liveness, then the end checks); a failure prints the seed's
+  report: parameters, fault schedule, the broken property, the last trace lines and the
+  command that replays it;
 - determinism: the same seed gives the same trace, in this process and in another one with a
   different hash seed;
-- test the tester: planted bugs (sim/params.py MUTANTS) must be caught within the CI seeds;
-- liveness: storm seeds converge once healed;
-- the daemon bugs the simulation found: each reproduced by a seed that breaks a property
-  without the sim's fix for it (and the state machine's, fixed, by a direct scenario);
-- the framework pieces alone: event order, disk crash rules, partitions.
+- the checks can fail: a history with a wrong read, and a node that stops itself, are caught;
+- a fault schedule given by hand replaces the seed's, and the shrinker keeps a failing one.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import re
 import subprocess
 import sys
 
 import pytest
 
-from mooncaked.errors import MooncakedError
-from mooncaked.meta import commands as c
-from mooncaked.raft.types import Entry, HardState, Snapshot, SnapshotMeta
 from mooncaked.sim import SimFailure, run_seed
-from mooncaked.sim.disk import DiskError, SimDisk
-from mooncaked.sim.events import MS, Scheduler
-from mooncaked.sim.network import Network
-from mooncaked.sim.node import new_state
-from mooncaked.sim.params import FIXES, Params, draw
+from mooncaked.sim.runner import FAULT_KINDS, Fault, Params
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CI_SEEDS = range(0, 250)
+CI_SEEDS = range(0, 300)
 
 
 def run_or_report(seed: int, **overrides):
@@ -52,7 +42,7 @@ def test_seed(seed):
 # -- determinism ----------------------------------------------------------------------------------
 
 def test_same_seed_same_trace():
-    for seed in (0, 7, 21, 64, 99):
+    for seed in (0, 7, 17, 57):
         first, second = run_or_report(seed), run_or_report(seed)
         assert first.trace_digest == second.trace_digest, seed
         assert first.as_dict() == second.as_dict(), seed
@@ -60,180 +50,162 @@ def test_same_seed_same_trace():
 
 
 def test_replay_in_another_process_gives_the_same_trace():
-    """The CLI replays a seed; a different PYTHONHASHSEED must not change anything."""
-    seed = 21
-    expected = run_or_report(seed).trace_digest
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    out = subprocess.run([sys.executable, "-m", "mooncaked.sim", "--seed", str(seed)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    digest = re.search(r"trace digest ([0-9a-f]+)", out.stdout).group(1)
-    assert expected.startswith(digest)
+    seed = 7
+    here = run_or_report(seed)
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=REPO)
+    done = subprocess.run([sys.executable, "-m", "mooncaked.sim", "--seed", str(seed)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"'trace_digest': '{here.trace_digest}'" in done.stdout, done.stdout
 
 
-# -- test the tester ------------------------------------------------------------------------------
+# -- the faults and the checks ---------------------------------------------------------------------
 
-# Mutant -> (overrides that turn on the fault site that exposes it, properties that may catch it).
-# vote_not_persisted only shows when a node crashes right after voting and a second candidate of
-# the same term asks it again, so its run forces the crash-after-vote fault site on.
-MUTANT_CASES = {
-    "ack_before_sync": ({}, {"durability", "Leader Completeness", "State Machine Safety",
-                             "Log Matching", "linearizability", "acknowledged put lost"}),
-    "vote_not_persisted": ({"crash_after_vote": 1.0}, {"Election Safety", "Log Matching",
-                                                       "Leader Completeness"}),
-}
-
-
-@pytest.mark.parametrize("mutant", sorted(MUTANT_CASES))
-def test_mutant_is_caught(mutant):
-    overrides, caught_by = MUTANT_CASES[mutant]
-    others = []
+def test_seeds_inject_every_kind_of_fault():
+    kinds = set()
     for seed in CI_SEEDS:
-        try:
-            run_seed(seed, mutant=mutant, **overrides)
-        except SimFailure as failure:
-            if failure.prop in caught_by:
-                return
-            others.append(f"seed {seed}: {failure.prop}")
-    pytest.fail(f"mutant {mutant} went unnoticed in {len(CI_SEEDS)} seeds "
-                f"(other failures: {others})")
+        kinds |= {f.kind for f in Params.draw(seed, random.Random(seed)).faults}
+    assert kinds == set(FAULT_KINDS)
 
 
-# -- liveness -------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("seed", [3, 11])
-def test_liveness_after_a_storm(seed):
-    """Everything at once, then heal: a leader and an answer for every client within 10
-    election timeouts (run_seed raises otherwise), the nodes settle, the final reads pass."""
-    stats = run_or_report(seed, voters=5, drop=0.3, duplicate=0.5, partition_every_ms=300.0,
-                          partition_ms=400.0, crash_every_ms=300.0, down_ms=200.0,
-                          pause_every_ms=300.0, crash_after_vote=0.5, snapshot_entries=20,
-                          transfer_every_ms=500.0, clients=8)
-    assert stats.elections >= 3
-    assert 0 < stats.liveness_ms <= 10 * Params(seed).election_ms
+def test_a_crash_of_the_leader_elects_another():
+    lines: list[str] = []
+    run_or_report(3, echo=lines.append,
+                  faults=[Fault(2000, "crash", "leader", 3000)])
+    crashed = next(line.split()[-1] for line in lines if " crash node" in line)
+    leaders = [line.split()[1] for line in lines if " leads term " in line]
+    assert len(leaders) >= 2 and leaders[-1] != crashed, lines
 
 
-# -- bugs the simulation found in the daemon, not fixed yet ----------------------------------------
-
-STRESS = dict(keys=2, clients=8, delay_mean_ms=25.0, segment_kib=16)  # more races per seed
-
-# (seed, overrides, the fix the seed needs, property broken without it). The sim runs its copy
-# of the daemon's cluster logic with these fixes (sim/params.py FIXES explains each bug); each
-# seed here breaks that property without its fix. When the daemon is fixed, keep the seed as a
-# regression test of the fixed logic (the test below then passes either way).
-DAEMON_BUG_SEEDS = [
-    (5, {}, "replica_generation", "exact bytes"),
-    (328, {}, "reregister", "liveness"),
-    (70, STRESS, "reregister", "liveness"),
-    (25, STRESS, "lease_after_barrier", "exact bytes"),
-]
+def test_membership_change_replaces_a_node():
+    lines: list[str] = []
+    run_or_report(5, echo=lines.append, faults=[Fault(2000, "membership", "drain")])
+    assert any("admin cluster_drain" in line for line in lines), lines
+    assert any("start node4" in line for line in lines), lines
 
 
-@pytest.mark.parametrize("seed, overrides, fix, prop", DAEMON_BUG_SEEDS,
-                         ids=[f"seed{c[0]}-{c[2]}" for c in DAEMON_BUG_SEEDS])
-def test_daemon_bug_reproduces_without_its_fix(seed, overrides, fix, prop):
-    run_or_report(seed, **overrides)
-    without = tuple(f for f in FIXES if f != fix)
-    with pytest.raises(SimFailure) as caught:
-        run_seed(seed, fixes=without, **overrides)
-    assert caught.value.prop == prop, caught.value.report()
+def test_a_wrong_read_is_caught(monkeypatch):
+    """The checks can fail: values read back with one byte changed are wrong bytes."""
+    from mooncaked.sim import client
+
+    real = client.decode_value
+
+    def corrupted(key, data):
+        data = bytearray(data)
+        data[-1] ^= 1
+        return real(key, bytes(data))
+    monkeypatch.setattr(client, "decode_value", corrupted)
+    monkeypatch.setattr("mooncaked.sim.runner.decode_value", corrupted)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(1, faults=[])
+    assert failure.value.prop == "wrong bytes"
 
 
-def test_remove_keeps_the_ranges_of_an_upsert_in_flight():
-    """Found by the sim (another object's bytes in a get): StateMachine._remove freed an
-    in-flight upsert's ranges at once while its writer could still be copying into them."""
-    state = new_state(Params(0))
-    segment = c.segment_id_of(1, 0, 1)  # under the generation of the node's first NodeUp
-    state.apply(c.NodeUp(1, "n1", "c", "p"))
-    state.apply(c.MountSegment(segment, "n1/0", "n1", 8192, 64, 64))
-    key = ("ns", "k")
-    state.apply(c.PutStart(key, 4096, 1, (), None, False, False, 1, 0, 0))
-    state.apply(c.PutEnd(key, 1, 1, 1))
-    state.apply(c.PutStart(key, 4096, 1, (), None, False, True, 2, 2, 0))  # writer 2 copying
-    state.apply(c.Remove(key, 2))
-    state.apply(c.ReleaseExpired(3))  # the removed version's deadline passed; writer 2's not
-    with pytest.raises(MooncakedError):  # so the segment cannot hold 8 KiB yet
-        state.apply(c.PutStart(("ns", "other"), 8192, 1, (), None, False, False, 3, 4, 0))
+def test_a_node_that_stops_itself_is_caught(monkeypatch):
+    """A node that halts (fail-stop on an entry it cannot apply) breaks the run."""
+    from mooncaked.meta.state_machine import StateMachine
+
+    real = StateMachine.apply
+    calls = {"n": 0}
+
+    def apply(self, command):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise ValueError("planted: an entry this node cannot apply")
+        return real(self, command)
+    monkeypatch.setattr(StateMachine, "apply", apply)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(1, faults=[])
+    assert failure.value.prop == "fail-stop"
 
 
-# -- the framework pieces -------------------------------------------------------------------------
+def test_schedule_round_trips_and_shrinking_keeps_the_failure(monkeypatch):
+    faults = [Fault(2000, "crash", "leader", 800), Fault(3000, "pause", "node2", 500)]
+    assert Fault.parse_schedule(Fault.format_schedule(faults)) == faults
+    with pytest.raises(ValueError):
+        Fault.parse_schedule("explode:node1:1:1")
 
-def test_events_at_one_instant_run_in_order():
-    scheduler, seen = Scheduler(), []
-    for name in "abc":
-        scheduler.at(5 * MS, seen.append, name)
-    scheduler.at(1 * MS, seen.append, "first")
-    while scheduler.run_one():
-        pass
-    assert seen == ["first", "a", "b", "c"] and scheduler.now == 5 * MS
+    from mooncaked.meta.state_machine import StateMachine
+    from mooncaked.sim.__main__ import shrink
 
+    real = StateMachine.apply
 
-def entries(first: int, last: int, term: int) -> list[Entry]:
-    return [Entry(term, i, data=bytes([i])) for i in range(first, last + 1)]
-
-
-def test_disk_crash_keeps_synced_records_and_a_prefix_of_the_rest():
-    disk = SimDisk(random.Random(1))
-    disk.append(entries(1, 3, 1), HardState(1, 1, 2), now=0)
-    disk.sync(now=0)
-    disk.append(entries(4, 9, 1), HardState(1, 1, 3), now=0)
-    disk.crash()
-    hard_state, snapshot, recovered = disk.recover()
-    assert [e.index for e in recovered] == list(range(1, len(recovered) + 1))
-    assert 3 <= len(recovered) <= 9 and hard_state.commit in (2, 3) and snapshot is None
+    def apply(self, command):  # fails once the cluster has applied some entries
+        if type(command).__name__ == "ArenaPut" and len(self.objects) >= 2:
+            raise ValueError("planted")
+        return real(self, command)
+    monkeypatch.setattr(StateMachine, "apply", apply)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(2, faults=faults)
+    smallest = shrink(2, {}, failure.value, lambda text: None)
+    assert smallest.prop == failure.value.prop
+    assert smallest.params.faults == []
 
 
-def test_disk_entry_replaces_the_suffix_and_snapshot_keeps_later_entries():
-    disk = SimDisk(random.Random(1))
-    disk.append(entries(1, 5, 1), None, now=0)
-    disk.append(entries(3, 3, 2), None, now=0)
-    assert [(e.index, e.term) for e in disk.written.entries] == [(1, 1), (2, 1), (3, 2)]
-    disk.save_snapshot(Snapshot(SnapshotMeta(2, 1)), now=0)
-    assert [e.index for e in disk.durable.entries] == [3]
-    with pytest.raises(DiskError):
-        disk.append(entries(6, 6, 2), None, now=0)  # a gap
+def test_a_lost_value_is_caught_where_no_replica_node_was_lost(monkeypatch):
+    """A key may lose its value only once no node holds a replica of it any more (each one
+    crashed, was declared down or removed): with that bookkeeping switched off, a seed whose
+    crash loses a value fails."""
+    from mooncaked.sim.runner import Run
+
+    scenario = dict(nodes=3, read_mode="lease", snapshot_entries=10_000, clients=3, ops=10,
+                    keys=2, max_drift=0.0, client_abort_percent=0, safety_ms=5000,
+                    faults=Fault.parse_schedule("crash:follower:2500:1000;"
+                                                "crash:leader:3500:1000"))
+    run_or_report(0, **scenario)
+    monkeypatch.setattr(Run, "lose_replicas", lambda self, node_id, why: None)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(0, **scenario)
+    assert failure.value.prop == "linearizability"
 
 
-class KeepNothing(random.Random):
-    """A crash that keeps none of the unsynced records."""
-
-    def randint(self, a, b):
-        return a
-
-
-def test_disk_mutants():
-    lying = SimDisk(KeepNothing(), mutant="ack_before_sync", writeback_ms=200)
-    lying.append(entries(1, 2, 1), HardState(1, 1, 0), now=0)
-    lying.sync(now=50 * MS)  # "done", but nothing reached the disk yet
-    lying.crash()
-    assert lying.recover() == (HardState(), None, [])
-    honest = SimDisk(KeepNothing())
-    honest.append(entries(1, 2, 1), HardState(1, 1, 0), now=0)
-    honest.sync(now=50 * MS)
-    honest.crash()
-    assert len(honest.recover()[2]) == 2
-    forgetful = SimDisk(random.Random(1), mutant="vote_not_persisted")
-    forgetful.append([], HardState(3, 2, 0), now=0)
-    forgetful.sync(now=0)
-    assert forgetful.recover()[0] == HardState(3, 0, 0)
+def test_a_node_removed_while_cut_off_learns_it_after_the_leader_changed():
+    """Found by the simulation (shrunk from seed 319): node2 is removed while a partition
+    holds its removal, then every node restarts and a new node (node4) leads. node2's log
+    still lists nodes 1-3, none of which leads; it must still learn from them that it is no
+    member (they have applied more of the log than it has and do not list it), not campaign
+    forever. Every parameter is given, so the scenario stays whatever Params.draw becomes."""
+    run_or_report(32, nodes=3, read_mode="lease", snapshot_entries=10_000, clients=2, ops=6,
+                  keys=4, max_drift=0.05, client_abort_percent=0, safety_ms=3885,
+                  faults=Fault.parse_schedule(
+                      "partition:follower:2277:806;partition:follower:2563:590;"
+                      "membership:remove:2652:0;outage:all:2954:1251"))
 
 
-def test_partitions_cut_node_links_and_heal():
-    scheduler, delivered = Scheduler(), []
-    params = Params(0, delay_min_ms=1.0, delay_mean_ms=1.0)
-    network = Network(scheduler, random.Random(0), params,
-                      lambda dst, src, payload: delivered.append((src, dst)))
-    network.partition([1], [2, 3], one_way=True)
-    for dst in (2, 3):
-        network.send_raft(1, dst, "x")
-        network.send_raft(dst, 1, "y")
-    network.heal()
-    network.send_raft(1, 2, "z")
-    while scheduler.run_one():
-        pass
-    assert sorted(delivered) == [(1, 2), (2, 1), (3, 1)]
+def test_an_error_no_code_handles_is_caught(monkeypatch):
+    """A callback that raises reaches the loop's exception handler: a daemon would log it and
+    go on; the simulation fails the run."""
+    from mooncaked.daemon.main import Daemon
+
+    real = Daemon._tick
+    calls = {"n": 0}
+
+    def tick(self):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise RuntimeError("planted: a timer callback that fails")
+        return real(self)
+    monkeypatch.setattr(Daemon, "_tick", tick)
+    with pytest.raises(SimFailure) as failure:
+        run_seed(1, faults=[])
+    assert failure.value.prop == "unhandled error"
 
 
-def test_parameters_are_drawn_from_the_seed():
-    assert draw(5, random.Random(5)) == draw(5, random.Random(5))
-    assert draw(5, random.Random(5), voters=5, ops=7).voters == 5
+def test_a_put_whose_local_replica_is_refused_sends_nothing_and_leaks_no_coroutine():
+    """Found by the simulation (seed 73): a put reaches node1 before it has applied its own
+    registration; the leader placed one replica on node1 (refused locally: SEGMENT_NOT_FOUND)
+    and one on node2, whose send had been created as a coroutine and was then dropped,
+    never awaited (a RuntimeWarning in the daemon's log)."""
+    run_or_report(73, nodes=3, read_mode="lease", snapshot_entries=10, clients=3, ops=10,
+                  keys=2, max_drift=0.05, client_abort_percent=5, safety_ms=5403, faults=[])
+
+
+def test_a_removed_node_still_knows_it_after_a_restart():
+    """Found by the simulation (shrunk from seed 3757): node2 is drained (it applies its own
+    removal and says so), then every node restarts. node2's own log no longer lists it (the
+    removal is in its snapshot), it hears from no leader, and it took itself for a node still
+    joining: role follower, removed false, ready to serve its stale copy of the log. It must
+    stay removed."""
+    run_or_report(3757, nodes=5, read_mode="lease", snapshot_entries=10, clients=3, ops=8,
+                  keys=4, max_drift=0.0, client_abort_percent=0, safety_ms=6826,
+                  faults=Fault.parse_schedule("membership:drain:2550:0;outage:all:5655:89"))
