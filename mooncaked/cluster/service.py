@@ -59,6 +59,7 @@ from mooncaked.meta import codec as command_codec
 from mooncaked.meta import commands as c
 from mooncaked.meta.master import ReplicateConfig
 from mooncaked.meta.state_machine import Replica, Version, store_settings_problem
+from mooncaked.raft.fs import OsFileSystem
 from mooncaked.raft.log_store import LogStore
 from mooncaked.raft.types import ConfChange, ConfChangeKind, Role
 
@@ -188,7 +189,7 @@ class ClusterService:
         for node in daemon.master.state.nodes.values():
             self.addresses.setdefault(node.node_id, node.peer_address)
         self.raft.start()
-        if os.path.exists(self._removed_marker()):
+        if self._log_fs().exists(self._removed_marker()):
             self._mark_removed("it had been removed before this start")
         fresh_join = voters is None and self.raft.core.last_index == 0
         if fresh_join:
@@ -342,11 +343,22 @@ class ClusterService:
                     "to serve again, restart it with an empty data_dir and add it again", why)
         # Remembered across restarts: the removal may be compacted into a snapshot, and the
         # members that could tell it again no longer replicate to it.
+        fs = self._log_fs()
         try:
-            with open(self._removed_marker(), "w") as marker:
-                marker.write(f"{why}\n")
+            fd = fs.open_truncate(self._removed_marker())
+            try:
+                fs.write(fd, f"{why}\n".encode())
+                fs.fsync(fd)
+            finally:
+                fs.close(fd)
+            fs.fsync_directory(self.cluster_config.data_dir)
         except OSError as exc:
             log.warning("could not record the removal in %s: %s", self._removed_marker(), exc)
+
+    @staticmethod
+    def _log_fs():
+        """The file system of the Raft log's data_dir (a simulated one under the simulator)."""
+        return environment.log_store_options().get("fs") or OsFileSystem()
 
     def _removed_marker(self) -> str:
         return os.path.join(self.cluster_config.data_dir, f"node-{self.node_id}.removed")

@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = range(args.start, args.start + (args.seeds if args.seeds is not None else 20))
     echo = print if args.trace else None
     log_level = getattr(logging, args.log.upper()) if args.log else None
+    if log_level is None:
+        # The daemons' log lines are for --log: a node stopping itself on an injected disk
+        # fault logs at CRITICAL, which Python would otherwise print to stderr.
+        logging.getLogger().addHandler(logging.NullHandler())
 
     started = time.perf_counter()
     passed = failed = callbacks = virtual_ms = 0

@@ -41,7 +41,8 @@ from mooncaked.sim.streams import Network
 from mooncaked.sim.world import HOST, ClientEnvironment, NodeLogFilter, World
 
 STEP_MS = 10  # the safety properties are checked this often (virtual time), and after faults
-FAULT_KINDS = ("crash", "pause", "partition", "slow", "transfer", "membership", "outage")
+FAULT_KINDS = ("crash", "pause", "partition", "slow", "transfer", "membership", "outage",
+               "disk")
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ class Params:
                                      f"node{rng.randint(1, params.nodes)}"))
             duration = {"crash": rng.randint(200, 4000), "pause": rng.randint(100, 4000),
                         "partition": rng.randint(200, 5000), "slow": rng.randint(200, 2000),
-                        "transfer": 0, "membership": 0, "outage": rng.randint(100, 3000)}[kind]
+                        "transfer": 0, "membership": 0, "outage": rng.randint(100, 3000),
+                        "disk": rng.randint(200, 3000)}[kind]
             faults.append(Fault(at_ms, kind, target, duration))
         params.faults = sorted(faults, key=lambda f: (f.at_ms, f.kind, f.target))
         for key, value in overrides.items():
@@ -496,6 +498,8 @@ class Run:
             await asyncio.sleep(fault.duration_ms / 1000)
             if node.daemon is None and not self.liveness:
                 node.start()
+        elif fault.kind == "disk":
+            await self._disk_fault(node, fault.duration_ms)
         elif fault.kind == "pause":
             node.pause()
             await asyncio.sleep(fault.duration_ms / 1000)
@@ -512,6 +516,42 @@ class Run:
             await asyncio.sleep(fault.duration_ms / 1000)
             self.network.heal()
             self.trace(f"healed {node.name} and {', '.join(sorted(others))}")
+
+    async def _disk_fault(self, node, duration_ms: int) -> None:
+        """The node's disk fails (EIO on a write or a sync) or fills up: the node must stop
+        itself rather than act on a log it could not make durable. Once the disk is fixed
+        (the fault's duration), a stopped node is started again, as a supervisor would, with
+        empty memory and the log its disk kept."""
+        fs = node.filesystem
+        how = self.rng.choice(("write", "sync", "full"))
+        if how == "write":
+            fs.fail_writes()
+        elif how == "sync":
+            fs.fail_syncs()
+        else:
+            fs.capacity_bytes = fs.used_bytes + self.rng.randint(0, 8192)
+        node.disk_fault = True
+        self.trace(f"{node.name}'s disk fails ({how})")
+        deadline = self.loop.time() + duration_ms / 1000
+        while self.loop.time() < deadline and node.stopped_itself is None:
+            await asyncio.sleep(STEP_MS / 1000)
+        if node.stopped_itself is not None:
+            self.restart_stopped(node)
+        await asyncio.sleep(max(0.0, deadline - self.loop.time()))
+        fs.clear_faults()
+        node.disk_fault = False
+        self.trace(f"{node.name}'s disk is fixed")
+        if node.daemon is None and not self.liveness:
+            node.start()
+
+    def restart_stopped(self, node) -> None:
+        """A node that stopped itself after a disk fault is gone with its memory: its process
+        is reaped (started again later, with its disk fixed)."""
+        self.refresh_replicas()
+        node.crash()
+        self.crashes += 1
+        self.lose_replicas(node.node_id, "stopped after a disk fault")
+        self.check()
 
     async def _membership(self, how: str) -> None:
         """Take one voter out (remove or drain), then bring a new node in to replace it."""
@@ -536,6 +576,10 @@ class Run:
         self.network.heal()
         self.network.slow_s = 0.0
         for node in self.world.nodes.values():
+            node.filesystem.clear_faults()
+            if node.stopped_itself is not None and node.disk_fault:
+                self.restart_stopped(node)
+            node.disk_fault = False
             if node.daemon is None:
                 node.start()
             elif node.env.paused:

@@ -9,12 +9,12 @@ process runs. Several live in one process; each runs in a context of its own who
 the loop runs them only while the node lives and is not paused, and the node reads its own
 (drifting) clock.
 
-The Raft log: each node writes it into its own directory. With `SimNode.filesystem` None it
-is the real file system of a per-run temporary directory (a crash drops the process's objects;
-what it wrote stays); a simulated file system set there (one per node, outliving its
-incarnations: `LogStore(..., fs=...)`) is handed to the log store through
-`NodeEnvironment.log_store_options`; a crash calls its `close_all()` (kill -9: every write
-stays), a power loss its `crash()` (only what was synced stays).
+The Raft log: each node writes it into its own directory on a simulated file system
+(sim/disk.py SimFileSystem, one per node, outliving its incarnations), handed to the log store
+through `NodeEnvironment.log_store_options` (`LogStore(..., fs=...)`); a crash calls its
+`close_all()` (kill -9: every write stays), a power loss its `crash()` (only what was synced
+stays, and a random part of what was not). Its faults (EIO, a full disk) make the node stop
+itself, as it must (fail-stop): `SimNode.disk_fault` excuses that stop.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import tempfile
 from mooncaked import config as config_module
 from mooncaked import environment
 from mooncaked.daemon.main import Daemon
+from mooncaked.sim.disk import SimFileSystem
 
 CLIENT_PORT_BASE = 7000
 PEER_PORT_BASE = 8000
@@ -92,7 +93,8 @@ class SimNode:
         self.stopped_itself: str | None = None  # fail_stop's reason, when the node halted
         # The disk of the node's Raft log, across incarnations: None for the real file system
         # (under self.directory), or a simulated one (sim/disk.py SimFileSystem).
-        self.filesystem = None
+        self.filesystem = SimFileSystem(random.Random(world.rng.random()))
+        self.disk_fault = False  # a fault was injected into this incarnation's disk
         rng = world.rng
         self.clock_offset_s = rng.uniform(0, 1000)
         self.clock_rate = 1.0 + rng.uniform(-world.params.max_drift, world.params.max_drift)
@@ -146,6 +148,7 @@ class SimNode:
         self.context = contextvars.Context()
         self.context.run(environment.current.set, self.env)
         self.stopped_itself = None
+        self.disk_fault = False
         self.daemon = self.context.run(Daemon, self.config())
         self.context.run(world.loop.create_task, self._run(self.daemon))
         world.trace(f"start {self.name} (incarnation {self.incarnation})")
@@ -231,6 +234,9 @@ class World:
         self.stopped: list[tuple[str, str]] = []  # (node, reason) of nodes that halted
 
     def node_stopped(self, node: SimNode, reason: str) -> None:
+        if node.disk_fault:
+            self.trace(f"{node.name} stopped itself after a disk fault, as it must: {reason}")
+            return
         self.trace(f"{node.name} stopped itself: {reason}")
         self.stopped.append((node.name, reason))
 
