@@ -530,23 +530,26 @@ class Run:
             fs.fail_syncs()
         else:
             fs.capacity_bytes = fs.used_bytes + self.rng.randint(0, 8192)
-        node.disk_fault = True
+        node.disk_faults += 1
         self.trace(f"{node.name}'s disk fails ({how})")
         deadline = self.loop.time() + duration_ms / 1000
-        while self.loop.time() < deadline and node.stopped_itself is None:
+        while self.loop.time() < deadline:
+            if node.stop_excused:
+                self.restart_stopped(node)
             await asyncio.sleep(STEP_MS / 1000)
-        if node.stopped_itself is not None:
-            self.restart_stopped(node)
-        await asyncio.sleep(max(0.0, deadline - self.loop.time()))
-        fs.clear_faults()
-        node.disk_fault = False
+        node.disk_faults = max(0, node.disk_faults - 1)
+        if not node.disk_faults:
+            fs.clear_faults()
         self.trace(f"{node.name}'s disk is fixed")
+        if node.stop_excused:
+            self.restart_stopped(node)
         if node.daemon is None and not self.liveness:
             node.start()
 
     def restart_stopped(self, node) -> None:
         """A node that stopped itself after a disk fault is gone with its memory: its process
         is reaped (started again later, with its disk fixed)."""
+        node.stop_excused = False
         self.refresh_replicas()
         node.crash()
         self.crashes += 1
@@ -577,9 +580,9 @@ class Run:
         self.network.slow_s = 0.0
         for node in self.world.nodes.values():
             node.filesystem.clear_faults()
-            if node.stopped_itself is not None and node.disk_fault:
+            if node.stop_excused:
                 self.restart_stopped(node)
-            node.disk_fault = False
+            node.disk_faults = 0
             if node.daemon is None:
                 node.start()
             elif node.env.paused:

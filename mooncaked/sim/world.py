@@ -14,7 +14,7 @@ The Raft log: each node writes it into its own directory on a simulated file sys
 through `NodeEnvironment.log_store_options` (`LogStore(..., fs=...)`); a crash calls its
 `close_all()` (kill -9: every write stays), a power loss its `crash()` (only what was synced
 stays, and a random part of what was not). Its faults (EIO, a full disk) make the node stop
-itself, as it must (fail-stop): `SimNode.disk_fault` excuses that stop.
+itself, as it must (fail-stop): `SimNode.disk_faults` excuses that stop.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class SimNode:
         # The disk of the node's Raft log, across incarnations: None for the real file system
         # (under self.directory), or a simulated one (sim/disk.py SimFileSystem).
         self.filesystem = SimFileSystem(random.Random(world.rng.random()))
-        self.disk_fault = False  # a fault was injected into this incarnation's disk
+        self.disk_faults = 0  # injected faults of its disk not yet over
+        self.stop_excused = False  # this incarnation stopped itself on a disk fault
         rng = world.rng
         self.clock_offset_s = rng.uniform(0, 1000)
         self.clock_rate = 1.0 + rng.uniform(-world.params.max_drift, world.params.max_drift)
@@ -148,7 +149,7 @@ class SimNode:
         self.context = contextvars.Context()
         self.context.run(environment.current.set, self.env)
         self.stopped_itself = None
-        self.disk_fault = False
+        self.stop_excused = False
         self.daemon = self.context.run(Daemon, self.config())
         self.context.run(world.loop.create_task, self._run(self.daemon))
         world.trace(f"start {self.name} (incarnation {self.incarnation})")
@@ -234,7 +235,8 @@ class World:
         self.stopped: list[tuple[str, str]] = []  # (node, reason) of nodes that halted
 
     def node_stopped(self, node: SimNode, reason: str) -> None:
-        if node.disk_fault:
+        if node.disk_faults:
+            node.stop_excused = True
             self.trace(f"{node.name} stopped itself after a disk fault, as it must: {reason}")
             return
         self.trace(f"{node.name} stopped itself: {reason}")
