@@ -97,6 +97,9 @@ class Params:
     client_abort_percent: int = 0  # puts whose client's connection drops as it sends them
     safety_ms: int = 6000
     liveness_bound_ms: int = 20000
+    replica_num: int = 0  # of every put; 0: each put asks for 1 or 2 at random
+    repair: bool = True  # [cluster] repair_bytes_per_s at its default, or 0 (no repair)
+    node_return_grace_ms: int = 600_000  # [cluster] node_return_grace_ms (0: nothing kept)
     faults: list[Fault] = field(default_factory=list)
 
     @classmethod
@@ -173,6 +176,7 @@ class Stats:
     checks: int = 0
     trace_digest: str = ""
     unchecked_keys: list = field(default_factory=list)
+    lossy_keys: list = field(default_factory=list)  # keys whose every replica node was lost
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -238,8 +242,12 @@ class SimClient:
             abort = self.rng.randrange(100) < run.params.client_abort_percent
         self.pending = (kind, key, run.loop.time())
         params = [key]
-        if kind in ("put", "upsert") and self.rng.random() < 0.5:
-            params.append({"replica_num": 2})
+        if kind in ("put", "upsert"):
+            replica_num = run.params.replica_num
+            if not replica_num and self.rng.random() < 0.5:
+                replica_num = 2
+            if replica_num:
+                params.append({"replica_num": replica_num})
         cut_after = None
         if abort:  # the whole request, or only part of its payload, then a reset
             cut_after = self.rng.choice((1 << 30, 20 + self.rng.randrange(len(payload))))
@@ -736,7 +744,8 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
                       callbacks=run.loop.callbacks_run, operations=len(run.history),
                       unknown=sum(op.complete_ns is None for op in run.history),
                       elections=len(run.safety._announced), crashes=run.crashes,
-                      checks=run.safety.checks, unchecked_keys=list(run.unchecked_keys))
+                      checks=run.safety.checks, unchecked_keys=list(run.unchecked_keys),
+                      lossy_keys=sorted(run.lossy_keys))
         if run.violation is not None:
             raise SimFailure(params, run.violation.prop, run.violation.detail, lines)
         digest = hashlib.sha256("\n".join(lines).encode())

@@ -128,7 +128,9 @@ class SimNode:
                         "tick_ms": p.tick_ms, "election_ticks": p.election_ticks,
                         "node_ttl_ms": p.node_ttl_ms, "rpc_timeout_ms": p.rpc_timeout_ms,
                         "read_mode": p.read_mode, "snapshot_entries": p.snapshot_entries,
-                        "data_connections": 1},
+                        "data_connections": 1,
+                        "node_return_grace_ms": p.node_return_grace_ms,
+                        **({} if p.repair else {"repair_bytes_per_s": 0})},
         }, f"<sim {self.name}>")
 
     @property

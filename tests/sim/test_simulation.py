@@ -223,3 +223,34 @@ def test_a_disk_fault_stops_the_node_and_the_cluster_goes_on():
     assert any(f"start {name} (incarnation 2)" in line for line in lines), lines[-20:]
     assert len([line for line in lines if " leads term " in line]) >= 2
 
+
+
+# -- repair and reconciliation: no acknowledged value lost, one failure at a time ---------------
+
+ONE_AT_A_TIME = dict(nodes=3, replica_num=2, safety_ms=16000, clients=3, ops=10, keys=8,
+                     max_drift=0.0, client_abort_percent=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_repair_keeps_every_value_when_nodes_are_lost_one_at_a_time(seed):
+    """Each node in turn crashes (its memory gone) and restarts, with time between for the
+    leader to declare it down and repair: every value put with two replicas survives, as long
+    as repair runs. With repair off the same schedule loses values (the check can fail)."""
+    crashes = Fault.parse_schedule("crash:node1:2000:1500;crash:node2:8000:1500;"
+                                   "crash:node3:14000:1500")
+    kept = run_or_report(seed, faults=crashes, **ONE_AT_A_TIME)
+    assert kept.crashes == 3 and kept.lossy_keys == []
+    assert run_or_report(seed, faults=crashes, repair=False, **ONE_AT_A_TIME).lossy_keys
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_node_cut_off_past_its_ttl_returns_with_its_replicas(seed):
+    """node1 is cut off past node_ttl_ms (declared down) and comes back with its memory; then
+    node2 crashes. Repair is off, so only node1's return (reconciliation) can keep the values
+    whose replicas were on node1 and node2: none is lost. With nothing kept for a returning
+    node (node_return_grace_ms 0) some are (the check can fail)."""
+    cut = Fault.parse_schedule("partition:node1:2000:5000;crash:node2:10000:1500")
+    kept = run_or_report(seed, faults=cut, repair=False, **ONE_AT_A_TIME)
+    assert kept.lossy_keys == []
+    assert run_or_report(seed, faults=cut, repair=False, node_return_grace_ms=0,
+                         **ONE_AT_A_TIME).lossy_keys
