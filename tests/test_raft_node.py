@@ -135,3 +135,24 @@ def test_commands_proposed_together_share_one_entry_each_with_its_own_result(tmp
         finally:
             node.stop()
     asyncio.run(scenario())
+
+
+def test_the_leader_applies_what_it_proposed_without_decoding_it(tmp_path, monkeypatch):
+    from mooncaked.cluster import raft_node
+    decoded: list[bytes] = []
+    decode = raft_node.command_codec.decode
+    monkeypatch.setattr(raft_node.command_codec, "decode",
+                        lambda data, **kw: decoded.append(data) or decode(data, **kw))
+
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            assert await node.propose(_node_up("a")) == 1
+            waiters = [node.propose(_node_up(name)) for name in ("b", "c")]  # one Batch
+            assert await asyncio.gather(*waiters) == [2, 3]
+            assert state.applied == ["a", "b", "c"] and decoded == []
+        finally:
+            node.stop()
+    asyncio.run(scenario())
+

@@ -73,9 +73,13 @@ class RaftNode:
         # index -> (term, future, monotonic s proposed) of proposals made here and not yet
         # applied or dropped.
         self._proposals: dict[int, tuple[int, list[asyncio.Future], float]] = {}
-        # Commands proposed since the last pass, encoded, with their waiters: the next pass
-        # appends them as one entry.
-        self._batch: list[tuple[bytes, asyncio.Future]] = []
+        # Commands proposed since the last pass, encoded and as decoding makes them, with
+        # their waiters: the next pass appends them as one entry.
+        self._batch: list[tuple[bytes, object, asyncio.Future]] = []
+        # index -> the command proposed here at that index, as every node decodes it: applied
+        # as it is when the entry at the index is still this node's proposal (same term), so
+        # that a leader does not decode what it has just encoded.
+        self._proposed_commands: dict[int, object] = {}
         self._reads_unsent: list[asyncio.Future] = []
         self._reads_sent: dict[bytes, list[asyncio.Future]] = {}
         self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
@@ -300,6 +304,7 @@ class RaftNode:
 
     def _apply(self, entry) -> None:
         waiters = None
+        proposed_command = self._proposed_commands.pop(entry.index, None)
         # Left in _proposals until applied: if applying fails, _halt fails them with the rest.
         proposed = self._proposals.get(entry.index)
         if proposed is not None:
@@ -319,7 +324,10 @@ class RaftNode:
             result = conf_state
             command = change
         elif entry.data:
-            command = command_codec.decode(entry.data)
+            # Ours (same index and term: the same entry): applied as proposed, which is what
+            # decoding its bytes gives (codec.encode_checked).
+            command = proposed_command if waiters is not None and proposed_command is not None \
+                else command_codec.decode(entry.data)
             try:
                 result = self.state.apply(command)
             except MooncakedError as exc:
@@ -358,6 +366,8 @@ class RaftNode:
         self.state.restore(snapshot.data)
         self.snapshot_index = self.applied_index = snapshot.meta.index
         self.applied_term = snapshot.meta.term
+        for index in [i for i in self._proposed_commands if i <= snapshot.meta.index]:
+            del self._proposed_commands[index]
         for index in [i for i in self._proposals if i <= snapshot.meta.index]:
             _, waiters, _ = self._proposals.pop(index)
             for waiter in waiters:
@@ -388,13 +398,13 @@ class RaftNode:
         The command joins the entry the next pass appends (see the module's docstring)."""
         waiter = self._loop.create_future()
         try:
-            data = command_codec.encode(command)
+            data, checked = command_codec.encode_checked(command)
         except ValueError as exc:  # refused here: what no node could decode is never logged
             waiter.set_exception(MooncakedError(ErrorCode.INVALID_PARAMS, str(exc)))
             return waiter
         if self._refused(waiter, len(self._batch)):
             return waiter
-        self._batch.append((data, waiter))
+        self._batch.append((data, checked, waiter))
         self.stats["proposals"] += 1
         self._schedule()
         return waiter
@@ -402,11 +412,13 @@ class RaftNode:
     def _append_batch(self) -> None:
         batch, self._batch = self._batch, []
         if len(batch) == 1:
-            data = batch[0][0]
+            data, command = batch[0][0], batch[0][1]
         else:
-            data = command_codec.encode_batch([data for data, _ in batch])
+            data = command_codec.encode_batch([data for data, _, _ in batch])
+            command = Batch(tuple(checked for _, checked, _ in batch))
             self.stats["batched_proposals"] += len(batch)
-        self._append(lambda: self.core.propose(data), [waiter for _, waiter in batch])
+        self._append(lambda: self.core.propose(data), [waiter for _, _, waiter in batch],
+                     command)
 
     def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
         waiter = self._loop.create_future()
@@ -425,7 +437,8 @@ class RaftNode:
             return True
         return False
 
-    def _append(self, append: Callable[[], int], waiters: list[asyncio.Future]) -> None:
+    def _append(self, append: Callable[[], int], waiters: list[asyncio.Future],
+                command=None) -> None:
         try:
             index = append()
         except (NotLeader, ProposalDropped) as exc:
@@ -439,6 +452,8 @@ class RaftNode:
                     waiter.set_exception(error)
             return
         self._proposals[index] = (self.core.term, waiters, time.monotonic())
+        if command is not None:
+            self._proposed_commands[index] = command
 
     def _expire_proposals(self) -> None:
         if not self._proposals or self.role == Role.LEADER:
@@ -456,7 +471,8 @@ class RaftNode:
     def _fail_all(self, error: MooncakedError) -> None:
         proposals, self._proposals = self._proposals, {}
         batch, self._batch = self._batch, []
-        waiters = [w for _, ws, _ in proposals.values() for w in ws] + [w for _, w in batch]
+        self._proposed_commands = {}
+        waiters = [w for _, ws, _ in proposals.values() for w in ws] + [w for _, _, w in batch]
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)
