@@ -156,3 +156,27 @@ def test_the_leader_applies_what_it_proposed_without_decoding_it(tmp_path, monke
             node.stop()
     asyncio.run(scenario())
 
+
+def test_a_commit_alone_is_not_written_and_a_restart_applies_every_entry(tmp_path):
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        appends: list[tuple[int, object]] = []
+        append = node.store.append
+        node.store.append = lambda entries, hard_state: (
+            appends.append((len(entries), hard_state)), append(entries, hard_state))
+        try:
+            for name in ("a", "b", "c"):
+                await node.propose(_node_up(name))
+        finally:
+            node.stop()
+        assert [count for count, _ in appends] == [1, 1, 1]  # no write of a commit alone
+        # The commit index on disk lags; the restarted node commits its log again.
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            assert await node.propose(_node_up("d")) == 4
+            assert state.applied == ["a", "b", "c", "d"]
+        finally:
+            node.stop()
+    asyncio.run(scenario())

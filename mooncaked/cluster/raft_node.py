@@ -30,8 +30,8 @@ from mooncaked.meta.commands import Batch
 from mooncaked.raft import codec
 from mooncaked.raft.core import RaftConfig, RaftCore
 from mooncaked.raft.log_store import LogFailed, LogStore
-from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, NotLeader, ProposalDropped,
-                                  Role, Snapshot, SnapshotMeta)
+from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, HardState, NotLeader,
+                                  ProposalDropped, Role, Snapshot, SnapshotMeta)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ class RaftNode:
         self._scheduled = False
         self._persisting: asyncio.Future | None = None  # the fdatasync of the current batch
         self._synced_vote = (recovered.hard_state.term, recovered.hard_state.vote)
+        # The term and vote last written, and a hard state that moved only the commit index
+        # and is not written yet: it is written with the next entries (or term or vote).
+        self._written_vote = self._synced_vote
+        self._unwritten_hard_state: HardState | None = None
         self._sync_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="raft-sync")
         self.fatal: Callable[[BaseException], None] = lambda error: None
@@ -197,11 +201,12 @@ class RaftNode:
             leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
             if leader_sends_first:
                 self._send_all(ready.messages)
+            hard_state = self._hard_state_to_write(ready)
             try:
                 if ready.snapshot is not None:
                     self.store.save_snapshot(ready.snapshot)
-                if ready.entries or ready.hard_state is not None:
-                    self.store.append(ready.entries, ready.hard_state)
+                if ready.entries or hard_state is not None:
+                    self.store.append(ready.entries, hard_state)
             except (OSError, LogFailed) as exc:
                 # What the disk holds is unknown (a partial record, a full disk): acting on it
                 # could acknowledge what a restart loses (fail-stop, as for a failed sync).
@@ -221,6 +226,24 @@ class RaftNode:
             if self.halted is not None:
                 return
         self._after_batches()
+
+    def _hard_state_to_write(self, ready) -> HardState | None:
+        """The hard state to write with this Ready's entries, if any. One that moves only the
+        commit index waits for the next entries: the commit index need not be durable (a
+        restarted node learns it again from a leader, or commits its log again as leader),
+        so it is not worth a write of its own."""
+        hard_state = ready.hard_state
+        if hard_state is None:
+            hard_state = self._unwritten_hard_state
+            if hard_state is None or not ready.entries:
+                return None
+        elif not ready.entries and ready.snapshot is None \
+                and (hard_state.term, hard_state.vote) == self._written_vote:
+            self._unwritten_hard_state = hard_state
+            return None
+        self._unwritten_hard_state = None
+        self._written_vote = (hard_state.term, hard_state.vote)
+        return hard_state
 
     def _needs_sync(self, ready) -> bool:
         """Entries, term and vote must be durable before anything depends on them; the
