@@ -7,6 +7,9 @@ shutdown: (total(N2) - total(N1)) / (N2 - N1) is the cost of one put.
 
     python tools/bench/putcost.py [--mode plain|cluster|both] [--puts 100,600] [--profile FILE]
 
+--rate runs the daemon once without valgrind, pinned to CPU 0 (the client to CPU 1), and
+prints the sequential puts per second of the N2 puts (wall clock: noisy on a shared machine).
+
 --profile FILE runs the daemon once without valgrind under cProfile (N2 puts) and writes the
 stats there (python -m pstats FILE) to see which calls a put makes.
 """
@@ -57,7 +60,7 @@ def write_config(path: str, workdir: str, mode: str) -> int:
     return port
 
 
-def run_once(mode: str, puts: int, wrapper: list[str]) -> None:
+def run_once(mode: str, puts: int, wrapper: list[str]) -> tuple[str, float]:
     workdir = tempfile.mkdtemp(prefix="putcost-")
     config = os.path.join(workdir, "mooncaked.toml")
     port = write_config(config, workdir, mode)
@@ -78,14 +81,16 @@ def run_once(mode: str, puts: int, wrapper: list[str]) -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the warm-up put never succeeded")
                 time.sleep(0.2)
+            started = time.perf_counter()
             for i in range(puts):
                 if not client.put(f"k{i}", VALUE):
                     raise RuntimeError(f"put k{i} failed")
+            elapsed_s = time.perf_counter() - started
     finally:
         os.kill(process.pid, signal.SIGTERM)
         process.wait(300)
         log.close()
-    return workdir
+    return workdir, elapsed_s
 
 
 def connect(address: str, process: subprocess.Popen) -> BlockingClient:
@@ -101,7 +106,7 @@ def connect(address: str, process: subprocess.Popen) -> BlockingClient:
 
 def callgrind_total(mode: str, puts: int) -> int:
     out = tempfile.mktemp(prefix="putcost-callgrind-")
-    workdir = run_once(mode, puts, ["valgrind", "--tool=callgrind", "--trace-children=no",
+    workdir, _ = run_once(mode, puts, ["valgrind", "--tool=callgrind", "--trace-children=no",
                                     f"--callgrind-out-file={out}", sys.executable])
     total = 0
     for path in glob.glob(out + "*"):
@@ -120,6 +125,7 @@ def main() -> int:
     parser.add_argument("--mode", choices=("plain", "cluster", "both"), default="both")
     parser.add_argument("--puts", default="100,600")
     parser.add_argument("--profile", default="")
+    parser.add_argument("--rate", action="store_true")
     args = parser.parse_args()
     low, high = (int(x) for x in args.puts.split(","))
     modes = ["plain", "cluster"] if args.mode == "both" else [args.mode]
@@ -128,6 +134,16 @@ def main() -> int:
             path = f"{args.profile}.{mode}"
             run_once(mode, high, [sys.executable, "-m", "cProfile", "-o", path])
             print(f"{mode}: profile in {path}")
+        return 0
+    if args.rate:
+        os.sched_setaffinity(0, {1})
+        rates = {}
+        for mode in modes:
+            _, elapsed_s = run_once(mode, high, ["taskset", "-c", "0", sys.executable])
+            rates[mode] = high / elapsed_s
+            print(f"{mode}: {rates[mode]:.0f} puts/s", flush=True)
+        if len(rates) == 2:
+            print(f"plain / cluster: {rates['plain'] / rates['cluster']:.2f}x")
         return 0
     per_put = {}
     for mode in modes:
