@@ -135,3 +135,70 @@ def test_commands_proposed_together_share_one_entry_each_with_its_own_result(tmp
         finally:
             node.stop()
     asyncio.run(scenario())
+
+
+def test_a_batch_is_not_proposed_as_a_command(tmp_path):
+    """Proposals made together become one Batch entry: a Batch proposed among them would be a
+    Batch inside a Batch, which every node refuses to decode (the whole cluster would halt)."""
+    from mooncaked.meta.commands import Batch
+
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            waiters = [node.propose(_node_up("a")),
+                       node.propose(Batch((_node_up("b"), _node_up("c")))),
+                       node.propose(_node_up("d"))]
+            results = await asyncio.wait_for(
+                asyncio.gather(*waiters, return_exceptions=True), 30)
+            assert isinstance(results[1], MooncakedError)
+            assert results[1].code == ErrorCode.INVALID_PARAMS
+            assert state.applied == ["a", "d"] and node.halted is None
+        finally:
+            node.stop()
+    asyncio.run(scenario())
+
+
+def test_the_leader_applies_what_it_proposed_without_decoding_it(tmp_path, monkeypatch):
+    from mooncaked.cluster import raft_node
+    decoded: list[bytes] = []
+    decode = raft_node.command_codec.decode
+    monkeypatch.setattr(raft_node.command_codec, "decode",
+                        lambda data, **kw: decoded.append(data) or decode(data, **kw))
+
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            assert await node.propose(_node_up("a")) == 1
+            waiters = [node.propose(_node_up(name)) for name in ("b", "c")]  # one Batch
+            assert await asyncio.gather(*waiters) == [2, 3]
+            assert state.applied == ["a", "b", "c"] and decoded == []
+        finally:
+            node.stop()
+    asyncio.run(scenario())
+
+
+def test_a_commit_alone_is_not_written_and_a_restart_applies_every_entry(tmp_path):
+    async def scenario():
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        appends: list[tuple[int, object]] = []
+        append = node.store.append
+        node.store.append = lambda entries, hard_state: (
+            appends.append((len(entries), hard_state)), append(entries, hard_state))
+        try:
+            for name in ("a", "b", "c"):
+                await node.propose(_node_up(name))
+        finally:
+            node.stop()
+        assert [count for count, _ in appends] == [1, 1, 1]  # no write of a commit alone
+        # The commit index on disk lags; the restarted node commits its log again.
+        state = RecordingState()
+        node = await _leader(tmp_path, state)
+        try:
+            assert await node.propose(_node_up("d")) == 4
+            assert state.applied == ["a", "b", "c", "d"]
+        finally:
+            node.stop()
+    asyncio.run(scenario())

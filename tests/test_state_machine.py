@@ -387,6 +387,20 @@ def test_put_commit_codec_round_trip_and_checks():
         codec.decode(msgpack.packb(bad[:-1]))
 
 
+def test_encode_checked_gives_what_every_node_decodes():
+    # A leader applies the second half instead of decoding its own bytes: it must be the
+    # decoded command (tuples where the proposal had lists), for a Batch too.
+    proposed = c.PutCommit((c.RESERVED_NAMESPACE, "7/3"), ["ns", "key"], 4096, None, True, 7, 99)
+    data, checked = codec.encode_checked(proposed)
+    assert data == codec.encode(proposed)
+    assert checked == codec.decode(data) and type(checked.object_key) is tuple
+    batch = c.Batch((proposed, c.ReleaseExpired(5)))
+    data, checked = codec.encode_checked(batch)
+    assert data == codec.encode(batch) and checked == codec.decode(data)
+    with pytest.raises(ValueError):
+        codec.encode_checked(c.Batch((batch,)))
+
+
 # -- namespace pools ------------------------------------------------------------------------------
 
 def pooled_master() -> Master:

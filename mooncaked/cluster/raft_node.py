@@ -30,8 +30,8 @@ from mooncaked.meta.commands import Batch
 from mooncaked.raft import codec
 from mooncaked.raft.core import RaftConfig, RaftCore
 from mooncaked.raft.log_store import LogFailed, LogStore
-from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, NotLeader, ProposalDropped,
-                                  Role, Snapshot, SnapshotMeta)
+from mooncaked.raft.types import (ConfChange, ConfState, EntryKind, HardState, NotLeader,
+                                  ProposalDropped, Role, Snapshot, SnapshotMeta)
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,13 @@ class RaftNode:
         # index -> (term, future, monotonic s proposed) of proposals made here and not yet
         # applied or dropped.
         self._proposals: dict[int, tuple[int, list[asyncio.Future], float]] = {}
-        # Commands proposed since the last pass, encoded, with their waiters: the next pass
-        # appends them as one entry.
-        self._batch: list[tuple[bytes, asyncio.Future]] = []
+        # Commands proposed since the last pass, encoded and as decoding makes them, with
+        # their waiters: the next pass appends them as one entry.
+        self._batch: list[tuple[bytes, object, asyncio.Future]] = []
+        # index -> the command proposed here at that index, as every node decodes it: applied
+        # as it is when the entry at the index is still this node's proposal (same term), so
+        # that a leader does not decode what it has just encoded.
+        self._proposed_commands: dict[int, object] = {}
         self._reads_unsent: list[asyncio.Future] = []
         self._reads_sent: dict[bytes, list[asyncio.Future]] = {}
         self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
@@ -83,6 +87,10 @@ class RaftNode:
         self._scheduled = False
         self._persisting: asyncio.Future | None = None  # the fdatasync of the current batch
         self._synced_vote = (recovered.hard_state.term, recovered.hard_state.vote)
+        # The term and vote last written, and a hard state that moved only the commit index
+        # and is not written yet: it is written with the next entries (or term or vote).
+        self._written_vote = self._synced_vote
+        self._unwritten_hard_state: HardState | None = None
         self._sync_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="raft-sync")
         self.fatal: Callable[[BaseException], None] = lambda error: None
@@ -193,11 +201,12 @@ class RaftNode:
             leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
             if leader_sends_first:
                 self._send_all(ready.messages)
+            hard_state = self._hard_state_to_write(ready)
             try:
                 if ready.snapshot is not None:
                     self.store.save_snapshot(ready.snapshot)
-                if ready.entries or ready.hard_state is not None:
-                    self.store.append(ready.entries, ready.hard_state)
+                if ready.entries or hard_state is not None:
+                    self.store.append(ready.entries, hard_state)
             except (OSError, LogFailed) as exc:
                 # What the disk holds is unknown (a partial record, a full disk): acting on it
                 # could acknowledge what a restart loses (fail-stop, as for a failed sync).
@@ -217,6 +226,24 @@ class RaftNode:
             if self.halted is not None:
                 return
         self._after_batches()
+
+    def _hard_state_to_write(self, ready) -> HardState | None:
+        """The hard state to write with this Ready's entries, if any. One that moves only the
+        commit index waits for the next entries: the commit index need not be durable (a
+        restarted node learns it again from a leader, or commits its log again as leader),
+        so it is not worth a write of its own."""
+        hard_state = ready.hard_state
+        if hard_state is None:
+            hard_state = self._unwritten_hard_state
+            if hard_state is None or not ready.entries:
+                return None
+        elif not ready.entries and ready.snapshot is None \
+                and (hard_state.term, hard_state.vote) == self._written_vote:
+            self._unwritten_hard_state = hard_state
+            return None
+        self._unwritten_hard_state = None
+        self._written_vote = (hard_state.term, hard_state.vote)
+        return hard_state
 
     def _needs_sync(self, ready) -> bool:
         """Entries, term and vote must be durable before anything depends on them; the
@@ -300,6 +327,7 @@ class RaftNode:
 
     def _apply(self, entry) -> None:
         waiters = None
+        proposed_command = self._proposed_commands.pop(entry.index, None)
         # Left in _proposals until applied: if applying fails, _halt fails them with the rest.
         proposed = self._proposals.get(entry.index)
         if proposed is not None:
@@ -319,7 +347,10 @@ class RaftNode:
             result = conf_state
             command = change
         elif entry.data:
-            command = command_codec.decode(entry.data)
+            # Ours (same index and term: the same entry): applied as proposed, which is what
+            # decoding its bytes gives (codec.encode_checked).
+            command = proposed_command if waiters is not None and proposed_command is not None \
+                else command_codec.decode(entry.data)
             try:
                 result = self.state.apply(command)
             except MooncakedError as exc:
@@ -358,6 +389,8 @@ class RaftNode:
         self.state.restore(snapshot.data)
         self.snapshot_index = self.applied_index = snapshot.meta.index
         self.applied_term = snapshot.meta.term
+        for index in [i for i in self._proposed_commands if i <= snapshot.meta.index]:
+            del self._proposed_commands[index]
         for index in [i for i in self._proposals if i <= snapshot.meta.index]:
             _, waiters, _ = self._proposals.pop(index)
             for waiter in waiters:
@@ -387,14 +420,20 @@ class RaftNode:
 
         The command joins the entry the next pass appends (see the module's docstring)."""
         waiter = self._loop.create_future()
+        if isinstance(command, Batch):
+            # Proposals are batched here: one inside another's entry would be a Batch in a
+            # Batch, which no node decodes.
+            waiter.set_exception(MooncakedError(ErrorCode.INVALID_PARAMS,
+                                                "a Batch is made by the log, not proposed"))
+            return waiter
         try:
-            data = command_codec.encode(command)
+            data, checked = command_codec.encode_checked(command)
         except ValueError as exc:  # refused here: what no node could decode is never logged
             waiter.set_exception(MooncakedError(ErrorCode.INVALID_PARAMS, str(exc)))
             return waiter
         if self._refused(waiter, len(self._batch)):
             return waiter
-        self._batch.append((data, waiter))
+        self._batch.append((data, checked, waiter))
         self.stats["proposals"] += 1
         self._schedule()
         return waiter
@@ -402,11 +441,13 @@ class RaftNode:
     def _append_batch(self) -> None:
         batch, self._batch = self._batch, []
         if len(batch) == 1:
-            data = batch[0][0]
+            data, command = batch[0][0], batch[0][1]
         else:
-            data = command_codec.encode_batch([data for data, _ in batch])
+            data = command_codec.encode_batch([data for data, _, _ in batch])
+            command = Batch(tuple(checked for _, checked, _ in batch))
             self.stats["batched_proposals"] += len(batch)
-        self._append(lambda: self.core.propose(data), [waiter for _, waiter in batch])
+        self._append(lambda: self.core.propose(data), [waiter for _, _, waiter in batch],
+                     command)
 
     def propose_conf_change(self, change: ConfChange) -> asyncio.Future:
         waiter = self._loop.create_future()
@@ -425,7 +466,8 @@ class RaftNode:
             return True
         return False
 
-    def _append(self, append: Callable[[], int], waiters: list[asyncio.Future]) -> None:
+    def _append(self, append: Callable[[], int], waiters: list[asyncio.Future],
+                command=None) -> None:
         try:
             index = append()
         except (NotLeader, ProposalDropped) as exc:
@@ -439,6 +481,8 @@ class RaftNode:
                     waiter.set_exception(error)
             return
         self._proposals[index] = (self.core.term, waiters, environment.monotonic())
+        if command is not None:
+            self._proposed_commands[index] = command
 
     def _expire_proposals(self) -> None:
         if not self._proposals or self.role == Role.LEADER:
@@ -456,7 +500,8 @@ class RaftNode:
     def _fail_all(self, error: MooncakedError) -> None:
         proposals, self._proposals = self._proposals, {}
         batch, self._batch = self._batch, []
-        waiters = [w for _, ws, _ in proposals.values() for w in ws] + [w for _, w in batch]
+        self._proposed_commands = {}
+        waiters = [w for _, ws, _ in proposals.values() for w in ws] + [w for _, _, w in batch]
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)

@@ -701,6 +701,32 @@ class ClusterService:
                                      f"node {leader} stopped being the leader while it held "
                                      f"the request; it may or may not take effect")
 
+    async def put_start(self, key: c.ObjectKey, size_bytes: int, config: ReplicateConfig,
+                        upsert: bool, writer_id: int) -> list[Replica]:
+        """meta put_start; on the leader itself, straight to the master (its params come
+        from the daemon's own checks, not the wire)."""
+        if self.raft.role == Role.LEADER:
+            self.check_member()
+            try:
+                return await self.master.put_start_async(key, size_bytes, config, upsert,
+                                                         writer_id)
+            except MooncakedError as exc:
+                if not self._ask_again("put_start", exc):
+                    raise
+        return replicas_from_wire(await self.meta(
+            "put_start", [list(key), size_bytes, config_to_wire(config), upsert, writer_id]))
+
+    async def put_end(self, key: c.ObjectKey, writer_id: int) -> None:
+        """meta put_end; on the leader itself, straight to the master."""
+        if self.raft.role == Role.LEADER:
+            self.check_member()
+            try:
+                return await self.master.put_end_async(key, writer_id)
+            except MooncakedError as exc:
+                if not self._ask_again("put_end", exc):
+                    raise
+        await self.meta("put_end", [list(key), writer_id])
+
     async def _leader_meta(self, method: str, params: list) -> Any:
         if self.raft.role != Role.LEADER:
             raise MooncakedError(ErrorCode.NO_LEADER,

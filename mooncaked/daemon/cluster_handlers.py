@@ -18,7 +18,6 @@ import re
 
 from mooncaked import environment
 from mooncaked.cluster.peer_transport import uninitialized_bytearray
-from mooncaked.cluster.service import config_to_wire, replicas_from_wire
 from mooncaked.daemon import handlers as single
 from mooncaked.daemon import params as params_check
 from mooncaked.daemon.connection import Incoming, Reply
@@ -70,12 +69,11 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
     service = conn.daemon.cluster
     if service.registered_term < 0:
         await service.until_registered()
-    wire_config = config_to_wire(_placement(conn, config))
+    config = _placement(conn, config)
     for attempt in range(PUT_ATTEMPTS):
         writer = _writer_id(conn)
         try:
-            replicas = replicas_from_wire(await service.meta(
-                "put_start", [list(key), len(value), wire_config, upsert, writer]))
+            replicas = await service.put_start(key, len(value), config, upsert, writer)
         except MooncakedError as exc:
             return exc
         try:
@@ -91,7 +89,7 @@ async def _store_value(conn, key, value, config: ReplicateConfig,
                 return exc
             continue
         try:
-            await service.meta("put_end", [list(key), writer])
+            await service.put_end(key, writer)
         except MooncakedError as exc:
             # INVALID_WRITE: the put was not committed and no longer can be (it reached a
             # leader that did not start it, or took too long); it is placed anew.

@@ -166,6 +166,8 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
             self._skip_empty_targets()
         else:
             self._end += nbytes
+            if self._awaiting is not None:  # it waits in the buffer, which it may not outgrow
+                self.transport.pause_reading()
             if self._end == len(self._scratch) and self.scratch_bytes < self.max_scratch_bytes:
                 # The read filled the buffer: more is likely waiting. (An instance attribute
                 # from now on, which _reset_if_consumed shrinks back to after a large header.)
@@ -316,34 +318,39 @@ class Connection(ScratchBuffer, asyncio.BufferedProtocol):
                       self._incoming_started_ns)
 
     def _await(self, msgid: int, method: str, coroutine, started_ns: int) -> None:
-        """Run a coroutine handler; requests behind it wait in the buffer (order, bounds)."""
-        self.transport.pause_reading()
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._awaiting = task
+        """Run a coroutine handler; requests behind it wait in the buffer (order, bounds).
 
-        def done(task: asyncio.Task) -> None:
-            self._awaiting = None
-            self._progress_ms = self.daemon.now_ms()  # the wait was ours, not the client's
-            if task.cancelled():
-                outcome = MooncakedError(ErrorCode.SHUTTING_DOWN, "the request was cancelled")
-            else:
-                outcome = task.exception()
-                if outcome is None:
-                    outcome = task.result()
-                elif not isinstance(outcome, MooncakedError):
-                    log.error("handler %s failed", method, exc_info=outcome)
-                    outcome = MooncakedError(ErrorCode.INTERNAL_ERROR,
-                                             f"{type(outcome).__name__}: {outcome}")
-            if self.transport is None or self.transport.is_closing():
-                return
-            self._respond(msgid, method, outcome, started_ns)
-            if not self._closing:
-                self.transport.resume_reading()
-                try:
-                    self._process()
-                except MooncakedError as exc:
-                    self._protocol_error(exc.code, exc.message)
-        task.add_done_callback(done)
+        Reading pauses only if the client sends more meanwhile (buffer_updated), so that a
+        client waiting for the answer costs no pause and resume. The answer is sent from the
+        handler's own task, not from a done callback a loop iteration later."""
+        async def run() -> None:
+            try:
+                outcome = await coroutine
+            except asyncio.CancelledError:
+                self._handled(msgid, method, started_ns,
+                              MooncakedError(ErrorCode.SHUTTING_DOWN, "the request was cancelled"))
+                raise
+            except MooncakedError as exc:
+                outcome = exc
+            except Exception as exc:
+                log.error("handler %s failed", method, exc_info=exc)
+                outcome = MooncakedError(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            self._handled(msgid, method, started_ns, outcome)
+
+        self._awaiting = asyncio.get_running_loop().create_task(run())
+
+    def _handled(self, msgid: int, method: str, started_ns: int, outcome) -> None:
+        self._awaiting = None
+        self._progress_ms = self.daemon.now_ms()  # the wait was ours, not the client's
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._respond(msgid, method, outcome, started_ns)
+        if not self._closing:
+            self.transport.resume_reading()
+            try:
+                self._process()
+            except MooncakedError as exc:
+                self._protocol_error(exc.code, exc.message)
 
     # -- responses --------------------------------------------------------------------------
 

@@ -95,12 +95,21 @@ def encode_batch(encoded: list[bytes]) -> bytes:
 def encode(command) -> bytes:
     """The command's bytes; ValueError for a command `decode` would refuse, so that nothing
     that no node can decode is ever proposed."""
+    return encode_checked(command)[0]
+
+
+def encode_checked(command) -> tuple[bytes, object]:
+    """The command's bytes and what `decode` makes of them (the command every node applies),
+    or ValueError as for `encode`. A leader applies the second rather than decode its own
+    bytes again."""
     cls = type(command)
     if cls is c.Batch:
         if type(command.commands) is not tuple \
                 or any(type(sub) is c.Batch for sub in command.commands):
             raise ValueError("command Batch: a tuple of commands, none of them a Batch")
-        return encode_batch([encode(sub) for sub in command.commands])
+        encoded = [encode_checked(sub) for sub in command.commands]
+        return (encode_batch([data for data, _ in encoded]),
+                c.Batch(tuple(decoded for _, decoded in encoded)))
     if cls not in TAGS:
         raise ValueError(f"command: {cls.__name__} is not a log command")
     try:
@@ -108,8 +117,7 @@ def encode(command) -> bytes:
                              use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"command {cls.__name__}: cannot encode ({exc})") from None
-    _check(msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True))
-    return data
+    return data, _check(msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True))
 
 
 def decode(data: bytes, in_batch: bool = False):
