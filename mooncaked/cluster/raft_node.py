@@ -62,7 +62,10 @@ class RaftNode:
                  and recovered.hard_state.term == 0)
         self.core = RaftCore(
             RaftConfig(node_id, election_ticks=election_ticks, heartbeat_ticks=heartbeat_ticks,
-                       read_only=read_mode, max_uncommitted_entries=max_pending_proposals),
+                       read_only=read_mode, max_uncommitted_entries=max_pending_proposals,
+                       # _process writes a Ready's entries before it applies anything; with
+                       # no fdatasync to wait for, that write is all the durability there is.
+                       entries_durable_when_written=store.fsync != "batch"),
             random.Random(node_id * 7919 + environment.monotonic_ns()),
             hard_state=recovered.hard_state, snapshot=recovered.snapshot,
             entries=recovered.entries,
