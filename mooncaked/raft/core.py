@@ -931,18 +931,27 @@ class RaftCore:
             or self._entries_to_send
             or self._commit_to_send
             or self._read_round_wanted
-            or self._hard_state() != self._prev_hard
-            or SoftState(self.leader_id, self.role) != self._prev_soft
+            or self._hard_state_changed()
+            or self._soft_state_changed()
         )
+
+    # Field by field: has_ready runs at least twice per pass, and most passes change neither.
+    def _hard_state_changed(self) -> bool:
+        prev = self._prev_hard
+        return (self._log.commit_index != prev.commit or self.term != prev.term
+                or self.vote != prev.vote)
+
+    def _soft_state_changed(self) -> bool:
+        prev = self._prev_soft
+        return self.role != prev.role or self.leader_id != prev.leader
 
     def ready(self) -> Ready:
         """The next batch of work; see Ready in types.py. Whatever it holds is not handed out
         again, so call advance(rd) once it is done (step and tick may come in between)."""
         self._flush()
         rd = Ready()
-        soft = SoftState(self.leader_id, self.role)
-        if soft != self._prev_soft:
-            rd.soft_state = self._prev_soft = soft
+        if self._soft_state_changed():
+            rd.soft_state = self._prev_soft = SoftState(self.leader_id, self.role)
         rd.snapshot = self._log.take_unoffered_snapshot()
         rd.entries = self._log.take_unoffered_entries()
         if (rd.entries and self.config.entries_durable_when_written
@@ -953,9 +962,8 @@ class RaftCore:
             if self._progress[self.node_id].maybe_update(rd.entries[-1].index) \
                     and self._maybe_commit() and len(self._progress) > 1:
                 self._commit_to_send = True  # with no one else to tell, no Ready for it
-        hard = self._hard_state()
-        if hard != self._prev_hard:
-            rd.hard_state = self._prev_hard = hard
+        if self._hard_state_changed():
+            rd.hard_state = self._prev_hard = self._hard_state()
         rd.committed_entries = self._log.take_committed_entries()
         rd.messages, self._outbox = self._outbox, []
         rd.read_states, self._read_states = self._read_states, []
