@@ -202,7 +202,7 @@ class RaftNode:
             # they are durable, and its term and vote were made durable when it campaigned.
             # Everyone else persists first (votes and acknowledgements promise durable state).
             leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
-            if leader_sends_first:
+            if leader_sends_first and ready.messages:
                 self._send_all(ready.messages)
             hard_state = self._hard_state_to_write(ready)
             try:
@@ -276,7 +276,7 @@ class RaftNode:
 
     def _finish(self, ready, leader_sent_first: bool) -> None:
         """What follows persisting a Ready: send (if not yet), apply, reads, advance."""
-        if not leader_sent_first:
+        if not leader_sent_first and ready.messages:
             self._send_all(ready.messages)
         if ready.snapshot is not None:
             self._restore(ready.snapshot)
