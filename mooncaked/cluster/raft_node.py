@@ -62,7 +62,10 @@ class RaftNode:
                  and recovered.hard_state.term == 0)
         self.core = RaftCore(
             RaftConfig(node_id, election_ticks=election_ticks, heartbeat_ticks=heartbeat_ticks,
-                       read_only=read_mode, max_uncommitted_entries=max_pending_proposals),
+                       read_only=read_mode, max_uncommitted_entries=max_pending_proposals,
+                       # _process writes a Ready's entries before it applies anything; with
+                       # no fdatasync to wait for, that write is all the durability there is.
+                       entries_durable_when_written=store.fsync != "batch"),
             random.Random(node_id * 7919 + environment.monotonic_ns()),
             hard_state=recovered.hard_state, snapshot=recovered.snapshot,
             entries=recovered.entries,
@@ -199,7 +202,7 @@ class RaftNode:
             # they are durable, and its term and vote were made durable when it campaigned.
             # Everyone else persists first (votes and acknowledgements promise durable state).
             leader_sends_first = self.role == Role.LEADER and ready.snapshot is None
-            if leader_sends_first:
+            if leader_sends_first and ready.messages:
                 self._send_all(ready.messages)
             hard_state = self._hard_state_to_write(ready)
             try:
@@ -273,7 +276,7 @@ class RaftNode:
 
     def _finish(self, ready, leader_sent_first: bool) -> None:
         """What follows persisting a Ready: send (if not yet), apply, reads, advance."""
-        if not leader_sent_first:
+        if not leader_sent_first and ready.messages:
             self._send_all(ready.messages)
         if ready.snapshot is not None:
             self._restore(ready.snapshot)

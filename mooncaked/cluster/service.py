@@ -101,6 +101,9 @@ RETRIED_READ_ERRORS = frozenset({ErrorCode.NO_LEADER, ErrorCode.OUTCOME_UNKNOWN,
 # Forwarded methods that propose one command: NO_LEADER says it was not applied, so they are
 # asked again (of the same leader, or a new one) until the wait for a leader ends.
 SINGLE_STEP_METHODS = frozenset({"put_start", "put_end", "put_revoke", "remove"})
+# The applied commands that _applied acts on (membership, segments, settings).
+_COMMANDS_THE_SERVICE_FOLLOWS = frozenset({c.SetStoreSettings, c.NodeDown, c.NodeUp,
+                                           c.UnmountSegment, c.MountSegment, c.NodeReturn})
 
 
 class ClusterService:
@@ -290,6 +293,8 @@ class ClusterService:
             self._register_soon()
 
     def _applied(self, index: int, command, result) -> None:
+        if type(command) not in _COMMANDS_THE_SERVICE_FOLLOWS:
+            return  # most entries: puts, removes, evictions
         if isinstance(command, c.SetStoreSettings):
             self._compare_store_settings()
         if isinstance(command, (c.NodeDown, c.NodeUp, c.UnmountSegment)):

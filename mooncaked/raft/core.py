@@ -106,6 +106,12 @@ class RaftConfig:
     max_entries_per_append: int = 512
     max_bytes_per_append: int = 1 << 20
     max_uncommitted_entries: int = 10000  # proposals past this are refused (bounded memory)
+    # The driver's write of a Ready's entries makes them durable (no separate sync to wait
+    # for), and it writes them before it applies that Ready's committed entries or lets
+    # anything else run. Then the leader counts its own new entries when it hands them out,
+    # so an entry a single voter proposes commits in the same Ready. With a sync to wait for,
+    # leave it False: the leader's own ack must wait for advance(), after the sync.
+    entries_durable_when_written: bool = False
 
     def __post_init__(self) -> None:
         if self.node_id <= 0:
@@ -925,23 +931,39 @@ class RaftCore:
             or self._entries_to_send
             or self._commit_to_send
             or self._read_round_wanted
-            or self._hard_state() != self._prev_hard
-            or SoftState(self.leader_id, self.role) != self._prev_soft
+            or self._hard_state_changed()
+            or self._soft_state_changed()
         )
+
+    # Field by field: has_ready runs at least twice per pass, and most passes change neither.
+    def _hard_state_changed(self) -> bool:
+        prev = self._prev_hard
+        return (self._log.commit_index != prev.commit or self.term != prev.term
+                or self.vote != prev.vote)
+
+    def _soft_state_changed(self) -> bool:
+        prev = self._prev_soft
+        return self.role != prev.role or self.leader_id != prev.leader
 
     def ready(self) -> Ready:
         """The next batch of work; see Ready in types.py. Whatever it holds is not handed out
         again, so call advance(rd) once it is done (step and tick may come in between)."""
         self._flush()
         rd = Ready()
-        soft = SoftState(self.leader_id, self.role)
-        if soft != self._prev_soft:
-            rd.soft_state = self._prev_soft = soft
-        hard = self._hard_state()
-        if hard != self._prev_hard:
-            rd.hard_state = self._prev_hard = hard
+        if self._soft_state_changed():
+            rd.soft_state = self._prev_soft = SoftState(self.leader_id, self.role)
         rd.snapshot = self._log.take_unoffered_snapshot()
         rd.entries = self._log.take_unoffered_entries()
+        if (rd.entries and self.config.entries_durable_when_written
+                and self.role == Role.LEADER and rd.snapshot is None):
+            # Durable once written, and written before this Ready's committed entries are
+            # applied (see RaftConfig): the leader's own copy counts now. The messages were
+            # built above with the old commit index; the new one goes out with the next Ready.
+            if self._progress[self.node_id].maybe_update(rd.entries[-1].index) \
+                    and self._maybe_commit() and len(self._progress) > 1:
+                self._commit_to_send = True  # with no one else to tell, no Ready for it
+        if self._hard_state_changed():
+            rd.hard_state = self._prev_hard = self._hard_state()
         rd.committed_entries = self._log.take_committed_entries()
         rd.messages, self._outbox = self._outbox, []
         rd.read_states, self._read_states = self._read_states, []

@@ -70,11 +70,12 @@ class RaftLog:
 
     def term_at(self, index: int) -> int | None:
         """The term of the entry at `index`; None if it was compacted away or does not exist."""
-        if index == self.snapshot_index:
+        position = index - self.snapshot_index  # 1 for the first entry after the snapshot
+        if position == 0:
             return self.snapshot_term
-        if index < self.snapshot_index or index > self.last_index:
+        if position < 0 or position > len(self._entries):
             return None
-        return self._entries[index - self.snapshot_index - 1].term
+        return self._entries[position - 1].term
 
     def match_term(self, index: int, term: int) -> bool:
         return self.term_at(index) == term
@@ -182,10 +183,11 @@ class RaftLog:
         return snapshot
 
     def take_unoffered_entries(self) -> list[Entry]:
-        if self.offered_index >= self.last_index:
+        last_index = self.last_index
+        if self.offered_index >= last_index:
             return []
-        entries = self.entries_between(self.offered_index + 1, self.last_index + 1)
-        self.offered_index = self.last_index
+        entries = self.entries_between(self.offered_index + 1, last_index + 1)
+        self.offered_index = last_index
         return entries
 
     def take_committed_entries(self) -> list[Entry]:

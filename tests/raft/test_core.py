@@ -352,6 +352,40 @@ def test_leader_counts_its_own_entries_only_once_persisted():
     assert [e.index for e in leader.core.ready().committed_entries] == [index]
 
 
+def test_a_single_voter_whose_writes_are_durable_commits_its_entry_in_the_same_ready():
+    cluster = Cluster((1,), entries_durable_when_written=True)
+    node = cluster[1]
+    node.handle_ready()
+    node.core.campaign()
+    rd = node.handle_ready()
+    assert rd.soft_state.role == Role.LEADER
+    assert [e.index for e in rd.committed_entries] == [e.index for e in rd.entries] == [2]
+    assert not node.core.has_ready()
+
+    index = node.core.propose(b"x")
+    rd = node.handle_ready()
+    assert [e.index for e in rd.entries] == [index]
+    assert [(e.index, e.data) for e in rd.committed_entries] == [(index, b"x")]
+    assert rd.hard_state.commit == index  # written with the entry it commits
+    assert not node.core.has_ready()  # one Ready per proposal, not two
+    assert payloads(node) == [b"x"]
+
+
+def test_a_leader_whose_writes_are_durable_still_needs_a_quorum():
+    cluster = Cluster(entries_durable_when_written=True)
+    leader = cluster.elect(1)
+    cluster.isolate(2)
+    cluster.isolate(3)
+    index = leader.core.propose(b"p")
+    rd = leader.handle_ready()  # written, so the leader's own copy counts: 1 of 3
+    assert [e.index for e in rd.entries] == [index] and rd.committed_entries == []
+    assert leader.core.commit_index < index
+    cluster.heal()
+    cluster.stabilize()
+    assert leader.core.commit_index >= index
+    assert all(payloads(node) == [b"p"] for node in cluster.nodes.values())
+
+
 def test_max_uncommitted_entries_bounds_proposals():
     cluster = Cluster(max_uncommitted_entries=5)
     leader = cluster.elect(1)
