@@ -707,6 +707,9 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
     # overrides replays the same whatever Params.draw does.
     run = Run(params, random.Random(f"mooncaked-sim-run-{seed}"), lines, echo)
     handler = None
+    # The daemons' loggers are quieted (or set to log_level) for the run only: a process that
+    # runs seeds goes on logging as before (pytest's caplog, the daemon in the same process).
+    saved_levels = {name: logging.getLogger(name).level for name in ("mooncaked", "asyncio")}
     if log_level is not None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(sim_ms)7d %(sim_where)s %(levelname)s "
@@ -757,6 +760,8 @@ def run_seed(seed: int, *, echo=None, log_level: int | None = None, **overrides)
         _close_loop(run)
         if handler is not None:
             logging.getLogger("mooncaked").removeHandler(handler)
+        for name, level in saved_levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _close_loop(run: Run) -> None:

@@ -254,3 +254,14 @@ def test_a_node_cut_off_past_its_ttl_returns_with_its_replicas(seed):
     assert kept.lossy_keys == []
     assert run_or_report(seed, faults=cut, repair=False, node_return_grace_ms=0,
                          **ONE_AT_A_TIME).lossy_keys
+
+
+def test_a_run_leaves_the_loggers_as_it_found_them():
+    """A seed quiets the daemons' loggers for its run only: afterwards a warning of the
+    process's own mooncaked code is logged again (pytest's caplog, a daemon in-process)."""
+    import logging
+
+    before = {name: logging.getLogger(name).level for name in ("mooncaked", "asyncio")}
+    run_or_report(1, faults=[])
+    after = {name: logging.getLogger(name).level for name in ("mooncaked", "asyncio")}
+    assert after == before
