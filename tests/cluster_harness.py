@@ -16,7 +16,7 @@ import time
 
 from conftest import DaemonProcess, free_port
 from mooncaked.client.blocking import BlockingClient
-from mooncaked.errors import MooncakedError
+from mooncaked.errors import MooncakedError, ObjectNotFound
 
 # Timing for tests: elections in 0.5-1 s, short leases and put timeouts.
 TICK_MS = 50
@@ -152,3 +152,16 @@ class Partition:
 
     def close(self) -> None:
         subprocess.run(["nft", f"delete table inet {self.table}"], capture_output=True)
+
+
+def applied_replicas(client, key: str, timeout_s: float = 10.0) -> list:
+    """The key's replicas in the node's own applied copy of the log, which may lag the leader
+    that acknowledged the put by a few milliseconds (PROTOCOL.md 5.4, local views)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.object_stat(key)["replicas"]
+        except ObjectNotFound:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_harness import Cluster
+from cluster_harness import Cluster, applied_replicas
 from mooncaked._native import buffer_address
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.client.calls import Call, ReplicateConfig
@@ -45,7 +45,7 @@ def local_client(cluster, node_id: int) -> BlockingClient:
 def put_on(cluster, via: int, node_id: int, key: str, value: bytes) -> None:
     with cluster.client(via) as client:
         assert client.put(key, value, ReplicateConfig(preferred_segments=[f"node{node_id}/0"]))
-        replicas = client.object_stat(key)["replicas"]
+        replicas = applied_replicas(client, key)
     assert [c.node_of_segment(r["segment_id"]) for r in replicas] == [node_id]
 
 

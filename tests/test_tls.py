@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from cluster_harness import Cluster, peer_host
+from cluster_harness import Cluster, applied_replicas, peer_host
 from conftest import REPO, free_port
 from mooncaked import config as config_module
 from mooncaked import tls
@@ -465,7 +465,7 @@ def test_a_process_without_the_cluster_secret_cannot_join_forward_or_write(tmp_p
         with cluster.client(1) as writer:  # its one replica on node 2, which is attacked
             assert writer.put("kept", value_of(SMALL, 1),
                               ReplicateConfig(preferred_segments=["node2/0"])) is True
-            [replica] = writer.object_stat("kept")["replicas"]
+            [replica] = applied_replicas(writer, "kept")
         with cluster.client(3) as reader:
             assert reader.get("kept") == value_of(SMALL, 1)
         start_rogue(cluster, 4, join_via=2, cluster={"secret_file": wrong})
