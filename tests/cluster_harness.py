@@ -17,6 +17,7 @@ import time
 from conftest import DaemonProcess, free_port
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.errors import MooncakedError, ObjectNotFound
+from mooncaked.meta.commands import node_of_segment
 
 # Timing for tests: elections in 0.5-1 s, short leases and put timeouts.
 TICK_MS = 50
@@ -165,3 +166,26 @@ def applied_replicas(client, key: str, timeout_s: float = 10.0) -> list:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.02)
+
+
+WAIT_S = 60.0  # an upper bound for waits on the cluster, never asserted as a duration
+
+
+def wait_until(what: str, condition, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = condition()
+        except (OSError, MooncakedError):
+            result = None
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def replicas_by_key(cluster: Cluster, node: int, keys: list[str]) -> dict[str, list[int]]:
+    """The nodes holding each key's replicas, as the node's applied log says."""
+    with cluster.client(node) as client:
+        return {key: sorted(node_of_segment(r["segment_id"]) for r in
+                            client.call("object_stat", key)["replicas"]) for key in keys}

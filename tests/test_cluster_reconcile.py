@@ -16,44 +16,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from cluster_harness import Cluster, Partition
+from cluster_harness import Cluster, Partition, replicas_by_key, wait_until
 from mooncaked.client.calls import ReplicateConfig
-from mooncaked.errors import MooncakedError, ObjectNotFound
-from mooncaked.meta.commands import node_of_segment
+from mooncaked.errors import ObjectNotFound
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = (1, 2, 3)
 TWO = ReplicateConfig(replica_num=2)
-WAIT_S = 60.0  # an upper bound for waits on the cluster, never asserted as a duration
 
 
 def value_of(index: int) -> bytes:
     size = 1000 + 7919 * index % 50_000
     return (index.to_bytes(4, "little") * (size // 4 + 1))[:size]
-
-
-def wait_until(what: str, condition, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-        except (OSError, MooncakedError):
-            result = None
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
-def replicas_by_key(cluster: Cluster, node: int, keys: list[str]) -> dict[str, list[int]]:
-    """The nodes holding each key's replicas, as the node's applied log says."""
-    with cluster.client(node) as client:
-        return {key: sorted(node_of_segment(r["segment_id"]) for r in
-                            client.call("object_stat", key)["replicas"]) for key in keys}
 
 
 def node_entry(cluster: Cluster, ask: int, node: int) -> dict | None:

@@ -12,43 +12,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
-from cluster_harness import Cluster
+from cluster_harness import Cluster, replicas_by_key, wait_until
 from mooncaked.client.calls import ReplicateConfig
-from mooncaked.errors import MooncakedError
-from mooncaked.meta.commands import node_of_segment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = (1, 2, 3)
 TWO = ReplicateConfig(replica_num=2)
-WAIT_S = 60.0  # an upper bound for waits on the cluster, never asserted as a duration
 
 
 def value_of(index: int) -> bytes:
     size = 1000 + 7919 * index % 60_000
     return (index.to_bytes(4, "little") * (size // 4 + 1))[:size]
-
-
-def replicas_by_key(cluster: Cluster, node: int, keys: list[str]) -> dict[str, list[int]]:
-    """The nodes holding each key's replicas, as the node's applied log says."""
-    with cluster.client(node) as client:
-        return {key: sorted(node_of_segment(r["segment_id"]) for r in
-                            client.call("object_stat", key)["replicas"]) for key in keys}
-
-
-def wait_until(what: str, condition, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-        except (OSError, MooncakedError):
-            result = None
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def leader_status(cluster: Cluster) -> dict | None:
