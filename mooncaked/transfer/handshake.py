@@ -107,8 +107,10 @@ class HandshakeServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._connections):
+            tasks = list(self._connections)
+            for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
