@@ -3,7 +3,8 @@ tests: run with the interpreter of tools/engines/.venv-mooncake (never the proje
 one JSON command per line on stdin and answers one JSON line on stdout.
 
 Commands: {"op": "start", "buffer_bytes": N} initializes in P2PHANDSHAKE mode over tcp and
-registers one buffer of N bytes (zeroed): {"segment", "address"}. {"op": "fill", "offset",
+registers one buffer of N bytes (zeroed): {"segment", "address"}; with "metadata" (an
+http://.../metadata URL) and "name", it uses that metadata server and segment name instead. {"op": "fill", "offset",
 "hex"} and {"op": "dump", "offset", "length"} write and read that buffer locally.
 {"op": "write"|"read", "segment", "offset", "remote_address", "length"[, "notify"]} is one
 transfer_sync between the buffer at offset and the peer: {"rc"}. {"op": "batch_write"|
@@ -26,14 +27,16 @@ def main() -> None:
         command = json.loads(line)
         op = command["op"]
         if op == "start":
-            if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            metadata = command.get("metadata", "P2PHANDSHAKE")
+            if engine.initialize(command.get("name", "127.0.0.1"), metadata, "tcp", "") != 0:
                 reply = {"error": "initialize failed"}
             else:
                 buffer = ctypes.create_string_buffer(command["buffer_bytes"])
                 address = ctypes.addressof(buffer)
                 rc = engine.register_memory(address, command["buffer_bytes"])
-                reply = {"rc": rc, "segment": f"127.0.0.1:{engine.get_rpc_port()}",
-                         "address": address}
+                segment = (f"127.0.0.1:{engine.get_rpc_port()}" if metadata == "P2PHANDSHAKE"
+                           else command["name"])
+                reply = {"rc": rc, "segment": segment, "address": address}
         elif op == "fill":
             data = bytes.fromhex(command["hex"])
             ctypes.memmove(address + command["offset"], data, len(data))

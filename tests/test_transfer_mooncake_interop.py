@@ -93,7 +93,7 @@ def start_endpoint(loop: LoopThread, memory: GuardedMemory, **options) -> Transf
     async def start():
         endpoint = TransferEndpoint("127.0.0.1", **options)
         await endpoint.start()
-        endpoint.register_memory(memory.address, memory.length)
+        await endpoint.register_memory(memory.address, memory.length)
         return endpoint
     return loop.run(start())
 

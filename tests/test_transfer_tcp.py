@@ -425,8 +425,8 @@ def test_endpoint_checks_ranges_and_segment_names(loop, region):
         await a.start()
         await b.start()
         other = GuardedMemory(4096)
-        a.register_memory(region.address, region.length)
-        b.register_memory(other.address, other.length)
+        await a.register_memory(region.address, region.length)
+        await b.register_memory(other.address, other.length)
         region.write(0, b"x" * 4096)
         requests = [
             TransferRequest(WRITE, region.address, b.name, other.address, 4096),  # good
@@ -452,10 +452,10 @@ def test_endpoint_refetches_a_stale_descriptor(loop, region):
         await a.start()
         await b.start()
         first, second = GuardedMemory(4096), GuardedMemory(4096)
-        a.register_memory(region.address, region.length)
-        b.register_memory(first.address, first.length)
+        await a.register_memory(region.address, region.length)
+        await b.register_memory(first.address, first.length)
         await a.open_segment(b.name)  # cached with `first` only
-        b.register_memory(second.address, second.length)
+        await b.register_memory(second.address, second.length)
         region.write(0, b"y" * 100)
         statuses = await a.transfer([TransferRequest(WRITE, region.address, b.name,
                                                      second.address, 100)])

@@ -2,8 +2,10 @@
 (this process's registered memory) served on a handshake port and a data port, and batches of
 READ/WRITE requests against remote segments, with a status per request.
 
-P2P handshake mode: the segment name is `host:rpc_port`; opening a remote segment sends it a
-Metadata handshake carrying this segment's descriptor and caches the descriptor it answers.
+Metadata modes (metadata.py): P2P handshake, where the segment name is `host:rpc_port` and
+opening a remote segment sends it a Metadata handshake carrying this segment's descriptor; or
+an HTTP metadata server, where this segment publishes its descriptor and handshake address
+under its (free-form) name and remote segments are looked up there. Descriptors are cached.
 Everything runs on the running asyncio loop; submit() returns at once and the requests
 complete on the loop.
 """
@@ -16,6 +18,8 @@ import logging
 from dataclasses import dataclass
 
 from . import handshake
+from .metadata import (DEFAULT_HTTP_TIMEOUT_MS, P2P_HANDSHAKE, HttpMetadata, MetadataError,
+                       descriptor_key, rpc_meta_key)
 from .descriptors import (DescriptorError, RegisteredMemory, SegmentDescriptor,
                           now_timestamp)
 from .mooncake_tcp import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_CONNECTIONS_PER_PEER,
@@ -89,6 +93,8 @@ class TransferEndpoint:
     """Bounds are constructor parameters (defaults in mooncake_tcp and handshake)."""
 
     def __init__(self, host: str = "127.0.0.1", rpc_port: int = 0, data_port: int = 0, *,
+                 metadata_server: str = P2P_HANDSHAKE, segment_name: str | None = None,
+                 metadata_timeout_ms: int = DEFAULT_HTTP_TIMEOUT_MS,
                  proto_version: int = 2,
                  slice_bytes: int = DEFAULT_SLICE_BYTES,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -105,6 +111,14 @@ class TransferEndpoint:
         if proto_version not in (1, 2):
             raise ValueError(f"proto_version must be 1 or 2, not {proto_version}")
         self.host = host
+        if metadata_server == P2P_HANDSHAKE:
+            if segment_name is not None:
+                raise ValueError("in P2P handshake mode the segment name is host:rpc_port")
+            self._metadata = None
+        else:
+            self._metadata = HttpMetadata(metadata_server, timeout_ms=metadata_timeout_ms,
+                                          max_response_bytes=max_handshake_frame_bytes)
+        self._segment_name = segment_name
         self._rpc_port = rpc_port
         self._data_port = data_port
         self.proto_version = proto_version
@@ -127,6 +141,7 @@ class TransferEndpoint:
         self.max_notifies = max_notifies
         self._notifies: list[handshake.Notify] = []
         self._segments: dict[str, SegmentDescriptor] = {}
+        self._opening: dict[str, asyncio.Future] = {}
         self.name = ""
 
     # lifecycle
@@ -135,10 +150,20 @@ class TransferEndpoint:
         self._rpc_port = await self._handshake.start(self.host, self._rpc_port)
         self._data_port = await self._data.start(self.host, self._data_port)
         self._initiator = TcpInitiator(**self._initiator_options)
-        self.name = f"{self.host}:{self._rpc_port}"
+        self.name = self._segment_name or f"{self.host}:{self._rpc_port}"
+        if self._metadata is not None:
+            await self._metadata.put(rpc_meta_key(self.name),
+                                     {"ip_or_host_name": self.host, "rpc_port": self._rpc_port})
+            await self.publish()
         return self.name
 
     async def close(self) -> None:
+        if self._metadata is not None and self.name:
+            for key in (rpc_meta_key(self.name), descriptor_key(self.name)):
+                try:
+                    await self._metadata.delete(key)
+                except MetadataError as e:
+                    log.warning("could not withdraw %s: %s", key, e)
         await self._handshake.close()
         await self._data.close()
         if self._initiator is not None:
@@ -153,11 +178,20 @@ class TransferEndpoint:
         return self._data_port
 
     # local memory
-    def register_memory(self, address: int, length: int, location: str = "*") -> None:
+    async def register_memory(self, address: int, length: int, location: str = "*") -> None:
+        """Serve [address, address + length) to peers; with an HTTP metadata server, returns
+        once the new descriptor is published."""
         self.memory.register(address, length, location)
+        await self.publish()
 
-    def unregister_memory(self, address: int) -> None:
+    async def unregister_memory(self, address: int) -> None:
         self.memory.unregister(address)
+        await self.publish()
+
+    async def publish(self) -> None:
+        """Publish this segment's descriptor (HTTP metadata mode; P2P peers fetch it)."""
+        if self._metadata is not None and self.name:
+            await self._metadata.put(descriptor_key(self.name), self.local_descriptor().to_json())
 
     def local_descriptor(self) -> SegmentDescriptor:
         return SegmentDescriptor(name=self.name, tcp_data_host=self.host,
@@ -183,32 +217,71 @@ class TransferEndpoint:
 
     # remote segments
     async def open_segment(self, name: str, refresh: bool = False) -> SegmentDescriptor:
+        """The segment's descriptor, cached; concurrent opens of one name share one fetch."""
         if not refresh and name in self._segments:
             return self._segments[name]
-        host, port = _split_segment_name(name)
+        if name in self._opening:
+            return await asyncio.shield(self._opening[name])
+        future = asyncio.ensure_future(self._fetch_descriptor(name))
+        self._opening[name] = future
         try:
-            reply = await handshake.exchange(host, port, handshake.METADATA,
-                                             self.local_descriptor().to_json(),
-                                             **self._handshake_options)
+            descriptor = await asyncio.shield(future)
+        finally:
+            if self._opening.get(name) is future:
+                del self._opening[name]
+        self._segments[name] = descriptor
+        return descriptor
+
+    async def _fetch_descriptor(self, name: str) -> SegmentDescriptor:
+        try:
+            if self._metadata is None:
+                host, port = _split_segment_name(name)
+                reply = await handshake.exchange(host, port, handshake.METADATA,
+                                                 self.local_descriptor().to_json(),
+                                                 **self._handshake_options)
+            else:
+                reply = await self._metadata.get(descriptor_key(name))
+                if reply is None:
+                    raise SegmentError(f"segment {name} is not published at "
+                                       f"{self._metadata.url}")
+                host = "" if reply.get("tcp_data_host") else (await self._rpc_address(name))[0]
             descriptor = SegmentDescriptor.from_json(reply, default_host=host)
-        except (handshake.HandshakeError, DescriptorError) as e:
+        except (handshake.HandshakeError, DescriptorError, MetadataError) as e:
             raise SegmentError(f"cannot open segment {name}: {e}") from None
         if descriptor.protocol != "tcp":
             raise SegmentError(f"segment {name} speaks {descriptor.protocol!r}, not tcp")
-        self._segments[name] = descriptor
         return descriptor
+
+    async def _rpc_address(self, segment: str) -> tuple[str, int]:
+        """Where the segment's handshake port is: its name in P2P mode, else its rpc_meta."""
+        if self._metadata is None:
+            return _split_segment_name(segment)
+        try:
+            value = await self._metadata.get(rpc_meta_key(segment))
+        except MetadataError as e:
+            raise SegmentError(f"cannot resolve segment {segment}: {e}") from None
+        if value is None:
+            raise SegmentError(f"segment {segment} is not published at {self._metadata.url}")
+        host, port = value.get("ip_or_host_name"), value.get("rpc_port")
+        if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+            raise SegmentError(f"segment {segment}: bad rpc_meta {value!r}")
+        return host, port
 
     def forget_segment(self, name: str) -> None:
         self._segments.pop(name, None)
 
     async def send_notify(self, segment: str, name: str, message: str) -> None:
-        host, port = _split_segment_name(segment)
+        """Raises SegmentError or handshake.HandshakeError when not delivered."""
+        host, port = await self._rpc_address(segment)
         await handshake.exchange(host, port, handshake.NOTIFY,
                                  {"name": name, "notify_msg": message},
                                  **self._handshake_options)
 
     async def probe(self, segment: str) -> bool:
-        host, port = _split_segment_name(segment)
+        try:
+            host, port = await self._rpc_address(segment)
+        except SegmentError:
+            return False
         try:
             reply = await handshake.exchange(host, port, handshake.PROBE, {},
                                              **self._handshake_options)
