@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
-import sys
 import tempfile
+import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 from mooncaked.transfer import (READ, WRITE, TransferEndpoint, TransferRequest,
                                 TransferState)
+from mooncaked.transfer.metadata import HttpMetadata
 from mooncaked.transfer.mooncake_tcp import TcpInitiator, TransferFailed, TransferTarget
 from transfer_helpers import GuardedMemory, LoopThread, pattern
 
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 class Mooncake:
     """One real Mooncake TransferEngine process with one registered buffer."""
 
-    def __init__(self, buffer_bytes: int, **env: str) -> None:
+    def __init__(self, buffer_bytes: int, metadata: dict | None = None, **env: str) -> None:
         self._log = tempfile.NamedTemporaryFile(prefix="mooncake-te-", suffix=".log",
                                                 delete=False)
         environment = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1", **env)
@@ -46,7 +48,7 @@ class Mooncake:
         self.process = subprocess.Popen(
             [MOONCAKE_PYTHON, DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, env=environment, text=True, cwd=tempfile.gettempdir())
-        started = self.call(op="start", buffer_bytes=buffer_bytes)
+        started = self.call(op="start", buffer_bytes=buffer_bytes, **(metadata or {}))
         assert started.get("rc") == 0, started
         self.segment, self.address = started["segment"], started["address"]
 
@@ -271,3 +273,75 @@ def test_v1_framing_both_ways(loop):
     finally:
         mooncake.close()
         loop.run(endpoint.close())
+
+
+@pytest.fixture
+def metadata_server():
+    """Mooncake's own HTTP metadata server (from the wheel): its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [os.path.join(os.path.dirname(MOONCAKE_PYTHON), "mooncake_http_metadata_server"),
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, \
+                "mooncake_http_metadata_server did not start"
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/metadata"
+    process.kill()
+    process.wait()
+
+
+def test_http_metadata_mode_both_ways(loop, metadata_server):
+    memory = GuardedMemory(OUR_BYTES)
+    endpoint = start_endpoint(loop, memory, metadata_server=metadata_server,
+                              segment_name="mooncaked-node")
+    mooncake = Mooncake(THEIR_BYTES, metadata={"metadata": metadata_server,
+                                               "name": "mooncake-node"})
+    try:
+        assert endpoint.name == "mooncaked-node" and mooncake.segment == "mooncake-node"
+        # Mooncake finds this segment by name in the metadata server, and writes and reads.
+        data = pattern(100_000, 11)
+        mooncake.fill(0, data)
+        assert mooncake.call(op="write", segment=endpoint.name, offset=0,
+                             remote_address=memory.address + 9, length=len(data),
+                             notify=["mooncake-node", "written"])["rc"] == 0
+        assert memory.read(9, len(data)) == data
+        assert [(n.name, n.message) for n in endpoint.take_notifies()] == \
+            [("mooncake-node", "written")]
+        memory.write(0, pattern(OUR_BYTES, 12))
+        assert mooncake.call(op="read", segment=endpoint.name, offset=0,
+                             remote_address=memory.address, length=OUR_BYTES)["rc"] == 0
+        assert mooncake.dump(0, OUR_BYTES) == pattern(OUR_BYTES, 12)
+
+        # And this side finds Mooncake's.
+        ours = pattern(50_000, 13)
+        memory.write(0, ours)
+        statuses = loop.run(endpoint.transfer([
+            TransferRequest(WRITE, memory.address, "mooncake-node", mooncake.address + 1,
+                            len(ours))]))
+        assert statuses[0].state == TransferState.COMPLETED
+        assert mooncake.dump(1, len(ours)) == ours
+        mooncake.fill(0, pattern(THEIR_BYTES, 14))
+        statuses = loop.run(endpoint.transfer([
+            TransferRequest(READ, memory.address + 500_000, "mooncake-node",
+                            mooncake.address + 3, 400_000)]))
+        assert statuses[0].state == TransferState.COMPLETED
+        assert memory.read(500_000, 400_000) == pattern(THEIR_BYTES, 14)[3:400_003]
+        assert loop.run(endpoint.probe("mooncake-node")) is True
+        loop.run(endpoint.send_notify("mooncake-node", "mooncaked-node", "hi"))
+        assert mooncake.call(op="notifies")["notifies"] == [["mooncaked-node", "hi"]]
+    finally:
+        mooncake.close()
+        loop.run(endpoint.close())
+    # Closing withdraws both keys, as Mooncake does at shutdown.
+    store = HttpMetadata(metadata_server)
+    assert loop.run(store.get("mooncake/ram/mooncaked-node")) is None
+    assert loop.run(store.get("mooncake/rpc_meta/mooncaked-node")) is None
+    assert loop.run(store.get("mooncake/ram/mooncake-node")) is None
+    assert memory.guards_intact()

@@ -615,3 +615,138 @@ def test_golden_vectors():
         (length,) = struct.unpack("<Q", frame[:8])
         assert length == len(frame) - 8 and frame[8] == v["type"]
         assert json.loads(frame[9:]) == v["json"]
+
+
+# -- the HTTP metadata client -----------------------------------------------------------------
+
+class FakeMetadataServer:
+    """A threaded HTTP server: `answers` maps a method to (status, headers, body)."""
+
+    def __init__(self, answers: dict) -> None:
+        import http.server
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                seen.append((self.command, self.path, self.rfile.read(length)))
+                status, headers, body = answers[self.command]
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+            do_GET = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metadata"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_http_metadata_client(loop):
+    from mooncaked.transfer.metadata import HttpMetadata, MetadataError
+    value = {"name": "n", "x": 1}
+    body = json.dumps(value).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (body[:5], body[5:], b""))
+    cases = [
+        ({"GET": (200, {"Content-Length": str(len(body))}, body)}, value),
+        ({"GET": (200, {"Transfer-Encoding": "chunked"}, chunked)}, value),
+        ({"GET": (404, {"Content-Length": "9"}, b"not found")}, None),
+        ({"GET": (500, {"Content-Length": "4"}, b"oops")}, MetadataError),
+        ({"GET": (200, {"Content-Length": "3"}, b"{]}")}, MetadataError),
+        ({"GET": (200, {"Content-Length": "2"}, b"[]")}, MetadataError),
+        ({"GET": (200, {"Content-Length": str(2 << 20)}, b"")}, MetadataError),  # over the bound
+    ]
+    for answers, expected in cases:
+        server = FakeMetadataServer(answers)
+        store = HttpMetadata(server.url, max_response_bytes=1 << 20)
+        if expected is MetadataError:
+            with pytest.raises(MetadataError):
+                loop.run(store.get("mooncake/ram/a b/c"))
+        else:
+            assert loop.run(store.get("mooncake/ram/a b/c")) == expected
+        # The key travels URL-encoded in the query.
+        assert server.seen[0][:2] == ("GET", "/metadata?key=mooncake%2Fram%2Fa%20b%2Fc")
+        server.close()
+
+    server = FakeMetadataServer({"PUT": (200, {"Content-Length": "0"}, b""),
+                                 "DELETE": (404, {"Content-Length": "0"}, b"")})
+    store = HttpMetadata(server.url)
+    loop.run(store.put("k", value))
+    loop.run(store.delete("k"))  # an absent key is already withdrawn
+    assert server.seen == [("PUT", "/metadata?key=k", body), ("DELETE", "/metadata?key=k", b"")]
+    server.close()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed_port = listener.getsockname()[1]
+    listener.close()
+    with pytest.raises(MetadataError):
+        loop.run(HttpMetadata(f"http://127.0.0.1:{closed_port}/m").get("k"))
+    with pytest.raises(ValueError):
+        HttpMetadata("https://example.invalid/metadata")
+
+
+def test_http_mode_endpoints_find_each_other(loop, region):
+    """Two endpoints through one metadata store (a dict behind a fake server)."""
+    import http.server
+    store = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            key = self.path.split("key=", 1)[1]
+            self._reply(200, store[key]) if key in store else self._reply(404, b"")
+
+        def do_PUT(self):
+            store[self.path.split("key=", 1)[1]] = self.rfile.read(
+                int(self.headers["Content-Length"]))
+            self._reply(200, b"")
+
+        def do_DELETE(self):
+            store.pop(self.path.split("key=", 1)[1], None)
+            self._reply(200, b"")
+
+        def _reply(self, status, body):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metadata"
+
+    async def go():
+        a = TransferEndpoint(metadata_server=url, segment_name="node-a")
+        b = TransferEndpoint(metadata_server=url, segment_name="node-b")
+        await a.start()
+        await b.start()
+        other = GuardedMemory(4096)
+        await a.register_memory(region.address, region.length)
+        await b.register_memory(other.address, other.length)
+        region.write(0, b"m" * 4096)
+        states = [s.state for s in await a.transfer([
+            TransferRequest(WRITE, region.address, "node-b", other.address, 4096),
+            TransferRequest(WRITE, region.address, "node-c", other.address, 16)])]
+        await a.send_notify("node-b", "node-a", "sent")
+        notifies = [(n.name, n.message) for n in b.take_notifies()]
+        await a.close()
+        await b.close()
+        return states, notifies, other
+    states, notifies, other = loop.run(go())
+    assert states == [TransferState.COMPLETED, TransferState.FAILED]
+    assert notifies == [("node-a", "sent")]
+    assert other.read(0, 4096) == b"m" * 4096
+    assert store == {}  # both withdrew their keys
+    server.shutdown()
+    server.server_close()
