@@ -25,7 +25,7 @@ from mooncaked.transfer import (READ, WRITE, TransferEndpoint, TransferRequest,
                                 TransferState)
 from mooncaked.transfer.metadata import HttpMetadata
 from mooncaked.transfer.mooncake_tcp import TcpInitiator, TransferFailed, TransferTarget
-from transfer_helpers import GuardedMemory, LoopThread, pattern
+from transfer_helpers import LOOP_KINDS, GuardedMemory, LoopThread, loop_usable, pattern
 
 MOONCAKE_PYTHON = os.path.join(REPO, "tools", "engines", ".venv-mooncake", "bin", "python")
 DRIVER = os.path.join(REPO, "tests", "mooncake_te_driver.py")
@@ -84,9 +84,12 @@ class Mooncake:
             os.unlink(self._log.name)
 
 
-@pytest.fixture
-def loop():
-    thread = LoopThread()
+@pytest.fixture(params=LOOP_KINDS)
+def loop(request):
+    usable, why = loop_usable(request.param)
+    if not usable:
+        pytest.skip(f"the io_uring loop cannot run here: {why}")
+    thread = LoopThread(request.param)
     yield thread
     thread.close()
 

@@ -19,15 +19,18 @@ from mooncaked.transfer.descriptors import DescriptorError
 from mooncaked.transfer.mooncake_tcp import (TcpDataServer, TcpInitiator, TransferFailed,
                                              TransferTarget, TransferTimeout, decode_status,
                                              encode_header, encode_status)
-from transfer_helpers import GuardedMemory, LoopThread, pattern
+from transfer_helpers import LOOP_KINDS, GuardedMemory, LoopThread, loop_usable, pattern
 
 OK = bytes.fromhex("000000005654434d")
 REFUSED = bytes.fromhex("010000005654434d")
 
 
-@pytest.fixture
-def loop():
-    thread = LoopThread()
+@pytest.fixture(params=LOOP_KINDS)
+def loop(request):
+    usable, why = loop_usable(request.param)
+    if not usable:
+        pytest.skip(f"the io_uring loop cannot run here: {why}")
+    thread = LoopThread(request.param)
     yield thread
     thread.close()
 

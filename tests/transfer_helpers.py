@@ -8,11 +8,31 @@ import ctypes
 import threading
 
 
+LOOP_KINDS = ["asyncio", "uring"]
+
+
+def loop_usable(kind: str) -> tuple[bool, str]:
+    if kind == "asyncio":
+        return True, ""
+    from mooncaked.io import uring
+    return uring.usable()
+
+
 class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+    """kind: "asyncio" (stdlib) or "uring" (the daemon's io_uring loop)."""
+
+    def __init__(self, kind: str = "asyncio") -> None:
+        if kind == "uring":
+            from mooncaked.io import uring
+            self.loop = uring.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
 
     def run(self, coro, timeout_s: float = 120):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)

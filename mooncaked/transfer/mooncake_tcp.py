@@ -249,6 +249,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
         self.closed = False
         self._sinks: collections.deque = collections.deque()  # [view, filled, future]
         self._scratch = bytearray(256)
+        self._lent: list | None = None  # the sink whose memory get_buffer last handed out
         self._writable: asyncio.Future | None = None
         self.used = False  # carried a request before (a reused connection)
 
@@ -265,19 +266,43 @@ class _ClientConnection(asyncio.BufferedProtocol):
         if self._writable is not None and not self._writable.done():
             self._writable.set_exception(error)
 
+    # A loop may ask for the buffer when it posts a receive, before the request that expects
+    # the bytes is sent (the io_uring loop does): bytes that land in the scratch buffer are
+    # copied to the sinks in order; bytes that land in the head sink's memory stay there.
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._sinks:
-            view, filled, _ = self._sinks[0]
+            self._lent = self._sinks[0]
+            view, filled, _ = self._lent
             return view[filled:]
+        self._lent = None
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
-        if not self._sinks:
-            log.warning("peer sent %d bytes nobody asked for: closing the connection", nbytes)
-            self.transport.abort()
+        lent, self._lent = self._lent, None
+        if lent is not None:
+            if not self._sinks or self._sinks[0] is not lent:
+                self.transport.abort()  # its request was abandoned meanwhile
+                return
+            lent[1] += nbytes
+            self._complete_head()
             return
+        data = memoryview(self._scratch)[:nbytes]
+        while data:
+            if not self._sinks:
+                log.warning("peer sent %d bytes nobody asked for: closing the connection",
+                            len(data))
+                self.transport.abort()
+                return
+            sink = self._sinks[0]
+            view, filled, _ = sink
+            take = min(len(data), len(view) - filled)
+            view[filled:filled + take] = data[:take]
+            sink[1] += take
+            data = data[take:]
+            self._complete_head()
+
+    def _complete_head(self) -> None:
         sink = self._sinks[0]
-        sink[1] += nbytes
         if sink[1] == len(sink[0]):
             self._sinks.popleft()
             if not sink[2].done():
