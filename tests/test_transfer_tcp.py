@@ -753,3 +753,33 @@ def test_http_mode_endpoints_find_each_other(loop, region):
     assert store == {}  # both withdrew their keys
     server.shutdown()
     server.server_close()
+
+
+def test_handshake_connections_over_the_bound_are_closed(loop):
+    server = Handshake(loop, max_connections=1)
+    with server.connect() as first:
+        first.sendall(handshake.encode_frame(handshake.PROBE, {}))
+        assert read_reply(first)[0] == 3  # the first is being served
+        with server.connect() as second:
+            assert closed_by_peer(second)
+    server.close()
+
+
+def test_endpoint_bound_to_every_interface(loop, region):
+    async def go():
+        a = TransferEndpoint("127.0.0.1", bind_host="0.0.0.0")
+        b = TransferEndpoint("127.0.0.1", bind_host="0.0.0.0")
+        await a.start()
+        await b.start()
+        other = GuardedMemory(4096)
+        await a.register_memory(region.address, region.length)
+        await b.register_memory(other.address, other.length)
+        other.write(0, b"r" * 4096)
+        statuses = await a.transfer([TransferRequest(READ, region.address, b.name,
+                                                     other.address, 4096)])
+        await a.close()
+        await b.close()
+        return b.name, statuses[0].state
+    name, state = loop.run(go())
+    assert name.startswith("127.0.0.1:") and state == TransferState.COMPLETED
+    assert region.read(0, 4096) == b"r" * 4096

@@ -90,9 +90,13 @@ class TransferBatch:
 
 
 class TransferEndpoint:
-    """Bounds are constructor parameters (defaults in mooncake_tcp and handshake)."""
+    """host: the address peers reach this endpoint at (the segment name's host in P2P mode,
+    the descriptor's tcp_data_host); bind_host: where its two ports listen (default: host;
+    "0.0.0.0" for every interface). Bounds are constructor parameters (defaults in
+    mooncake_tcp and handshake)."""
 
     def __init__(self, host: str = "127.0.0.1", rpc_port: int = 0, data_port: int = 0, *,
+                 bind_host: str | None = None,
                  metadata_server: str = P2P_HANDSHAKE, segment_name: str | None = None,
                  metadata_timeout_ms: int = DEFAULT_HTTP_TIMEOUT_MS,
                  proto_version: int = 2,
@@ -107,10 +111,12 @@ class TransferEndpoint:
                  max_handshake_frame_bytes: int = handshake.DEFAULT_MAX_FRAME_BYTES,
                  handshake_server_timeout_ms: int = handshake.DEFAULT_SERVER_RECEIVE_TIMEOUT_MS,
                  handshake_client_timeout_ms: int = handshake.DEFAULT_CLIENT_RECEIVE_TIMEOUT_MS,
+                 max_handshake_connections: int = handshake.DEFAULT_MAX_CONNECTIONS,
                  max_notifies: int = 4096) -> None:
         if proto_version not in (1, 2):
             raise ValueError(f"proto_version must be 1 or 2, not {proto_version}")
         self.host = host
+        self.bind_host = bind_host or host
         if metadata_server == P2P_HANDSHAKE:
             if segment_name is not None:
                 raise ValueError("in P2P handshake mode the segment name is host:rpc_port")
@@ -125,7 +131,8 @@ class TransferEndpoint:
         self.memory = RegisteredMemory()
         self._handshake = handshake.HandshakeServer(
             self._on_metadata, self._on_notify, max_frame_bytes=max_handshake_frame_bytes,
-            receive_timeout_ms=handshake_server_timeout_ms)
+            receive_timeout_ms=handshake_server_timeout_ms,
+            max_connections=max_handshake_connections)
         self._data = TcpDataServer(self.memory, slice_bytes=slice_bytes,
                                    max_request_bytes=max_request_bytes,
                                    receive_timeout_ms=data_receive_timeout_ms,
@@ -147,8 +154,8 @@ class TransferEndpoint:
     # lifecycle
     async def start(self) -> str:
         """Listen on the handshake and data ports; returns the segment name."""
-        self._rpc_port = await self._handshake.start(self.host, self._rpc_port)
-        self._data_port = await self._data.start(self.host, self._data_port)
+        self._rpc_port = await self._handshake.start(self.bind_host, self._rpc_port)
+        self._data_port = await self._data.start(self.bind_host, self._data_port)
         self._initiator = TcpInitiator(**self._initiator_options)
         self.name = self._segment_name or f"{self.host}:{self._rpc_port}"
         if self._metadata is not None:

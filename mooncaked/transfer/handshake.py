@@ -31,6 +31,7 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 20  # Mooncake's default handshake maximum
 DEFAULT_CONNECT_TIMEOUT_MS = 5000
 DEFAULT_SERVER_RECEIVE_TIMEOUT_MS = 5000
 DEFAULT_CLIENT_RECEIVE_TIMEOUT_MS = 60000
+DEFAULT_MAX_CONNECTIONS = 256
 
 NOTIFY_REPLY = {"name": "", "notify_msg": "success"}
 PROBE_REPLY = {"status": "success"}
@@ -92,11 +93,13 @@ class HandshakeServer:
 
     def __init__(self, on_metadata: Callable[[dict], dict], on_notify: Callable[[Notify], None],
                  *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 receive_timeout_ms: int = DEFAULT_SERVER_RECEIVE_TIMEOUT_MS) -> None:
+                 receive_timeout_ms: int = DEFAULT_SERVER_RECEIVE_TIMEOUT_MS,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self._on_metadata = on_metadata
         self._on_notify = on_notify
         self.max_frame_bytes = max_frame_bytes
         self.receive_timeout_ms = receive_timeout_ms
+        self.max_connections = max_connections
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
 
@@ -114,6 +117,11 @@ class HandshakeServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= self.max_connections:
+            log.warning("handshake connection refused: %d connections open",
+                        len(self._connections))
+            writer.close()
+            return
         task = asyncio.current_task()
         self._connections.add(task)
         peer = writer.get_extra_info("peername")

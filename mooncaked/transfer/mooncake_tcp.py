@@ -383,10 +383,12 @@ class TcpInitiator:
         Raises TransferFailed or TransferTimeout. The timeout is request_timeout_ms plus one
         nanosecond per byte (1 GB/s), as Mooncake allows."""
         timeout_s = self.request_timeout_ms / 1000 + len(local) / 1e9
-        async with self._in_flight:
-            peer = self._peers.setdefault((target.host, target.port),
-                                          _PeerConnections(self.connections_per_peer))
-            async with peer.slots:
+        peer = self._peers.setdefault((target.host, target.port),
+                                      _PeerConnections(self.connections_per_peer))
+        # The peer's slot first: requests queued behind a slow peer take none of the
+        # endpoint's in-flight budget from the others.
+        async with peer.slots:
+            async with self._in_flight:
                 # A reused connection the peer has closed meanwhile fails without any reply:
                 # retry once on a fresh one (READ and WRITE of the same bytes are idempotent).
                 for attempt in range(2):
