@@ -366,6 +366,14 @@ def test_initiator_write_fails_when_the_peer_disconnects_mid_transfer(loop):
     peer.close()
 
 
+def test_initiator_reports_a_refused_write_while_still_sending(loop):
+    region = GuardedMemory(32 << 20)
+    peer = FakePeer(answer_then_close(REFUSED))  # refuses on the header, payload unread
+    with pytest.raises(TransferFailed, match="refused"):
+        run_initiator(loop, WRITE, region.view(0, 32 << 20), peer.target())
+    peer.close()
+
+
 def test_initiator_times_out_on_a_silent_peer(loop, region):
     hold = threading.Event()
     peer = FakePeer(lambda conn, size, address, opcode: hold.wait(30))

@@ -264,7 +264,7 @@ class _ClientConnection(asyncio.BufferedProtocol):
             if not future.done():
                 future.set_exception(error)
         if self._writable is not None and not self._writable.done():
-            self._writable.set_exception(error)
+            self._writable.set_result(None)  # send() sees `closed` and fails
 
     # A loop may ask for the buffer when it posts a receive, before the request that expects
     # the bytes is sent (the io_uring loop does): bytes that land in the scratch buffer are
@@ -445,29 +445,38 @@ class TcpInitiator:
     async def _request(self, connection: _ClientConnection, opcode: int, local: memoryview,
                        target: TransferTarget, remote_address: int) -> None:
         header = encode_header(opcode, remote_address, len(local), target.version)
-        if opcode == WRITE:
-            status = bytearray(STATUS.size) if target.version >= 2 else None
-            landed = connection.expect(memoryview(status)) if status is not None else None
-            await connection.send(header, self.slice_bytes)
-            await connection.send(local, self.slice_bytes)
-            if landed is not None:
-                await landed
-                _check_status(status)
-            return
         status = bytearray(STATUS.size)
         status_in = connection.expect(memoryview(status)) if target.version >= 2 else None
-        data_in = connection.expect(local)
+        data_in = connection.expect(local) if opcode == READ else None
         try:
+            if opcode == WRITE:
+                try:
+                    await connection.send(header, self.slice_bytes)
+                    await connection.send(local, self.slice_bytes)
+                except TransferFailed:
+                    # A peer that refuses a WRITE answers at once and closes, while the
+                    # payload is still being sent: report the refusal, not the close.
+                    if status_in is not None and status_in.done() and \
+                            status_in.exception() is None:
+                        _check_status(status)
+                    raise
+                if status_in is not None:
+                    await status_in
+                    _check_status(status)
+                return
             await connection.send(header, self.slice_bytes)
             if status_in is not None:
                 await status_in
                 _check_status(status)
             await data_in
         finally:
-            if not data_in.done():
-                data_in.cancel()
-            elif not data_in.cancelled():
-                data_in.exception()  # retrieved: a refused READ never gets its data
+            for future in (status_in, data_in):
+                if future is None:
+                    continue
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # retrieved: a failed request leaves these unawaited
 
 
 class _Refused(Exception):
