@@ -303,11 +303,22 @@ class TransferEndpoint:
             raise RuntimeError("start() the endpoint before submitting transfers")
         batch = TransferBatch(list(requests))
         for request, status in zip(batch.requests, batch.statuses):
-            batch._tasks.append(asyncio.ensure_future(self._run(request, status)))
+            batch._tasks.append(asyncio.ensure_future(self._run_settled(request, status)))
         return batch
 
     async def transfer(self, requests: list[TransferRequest]) -> list[TransferStatus]:
         return await self.submit(requests).wait()
+
+    async def _run_settled(self, request: TransferRequest, status: TransferStatus) -> None:
+        """_run, and a status that leaves WAITING whatever happens."""
+        try:
+            await self._run(request, status)
+        except asyncio.CancelledError:
+            status.state, status.error = TransferState.CANCELED, "cancelled"
+            raise
+        except Exception as e:
+            log.exception("transfer %s failed unexpectedly", request)
+            status.state, status.error = TransferState.FAILED, f"{type(e).__name__}: {e}"
 
     async def _run(self, request: TransferRequest, status: TransferStatus) -> None:
         def fail(state: TransferState, error: str) -> None:
