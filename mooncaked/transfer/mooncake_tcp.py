@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import struct
 from dataclasses import dataclass
 
@@ -258,6 +259,8 @@ class _ClientConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        if exc is not None:
+            self._take_queued()
         error = TransferFailed(f"connection lost: {exc}" if exc else "peer closed the connection")
         while self._sinks:
             future = self._sinks.popleft()[2]
@@ -265,6 +268,24 @@ class _ClientConnection(asyncio.BufferedProtocol):
                 future.set_exception(error)
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)  # send() sees `closed` and fails
+
+    def _take_queued(self) -> None:
+        """A peer that refuses a WRITE answers and closes without reading the payload, so our
+        send fails with a reset; its status frame can still be queued on the socket (both
+        loops call connection_lost before they close it). Read what is there into the sinks,
+        so the caller sees the refusal rather than the reset."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        fd = sock.fileno() if sock is not None else -1
+        while fd >= 0 and self._sinks:
+            sink = self._sinks[0]
+            try:
+                got = os.readv(fd, [sink[0][sink[1]:]])
+            except OSError:  # nothing queued (EAGAIN), or the reset itself
+                return
+            if got == 0:
+                return
+            sink[1] += got
+            self._complete_head()
 
     # A loop may ask for the buffer when it posts a receive, before the request that expects
     # the bytes is sent (the io_uring loop does): bytes that land in the scratch buffer are
