@@ -219,6 +219,38 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    enabled: bool = _key(True, doc="serve transfer segments (Mooncake's TransferEngine API) "
+                         "to local clients on the Unix socket; nothing listens until a client "
+                         "opens one")
+    bind_host: str = _key("", doc="address a segment's handshake and data listeners bind to; "
+                          "empty = the address the client advertises (its local_hostname)")
+    port_min: int = _key(0, 0, 65535, doc="first port of the range segment listeners take; "
+                         "0 (with port_max 0) = any free port")
+    port_max: int = _key(0, 0, 65535, doc="last port of that range; 0 = any free port")
+    max_segments: int = _key(64, 1, 4096, doc="transfer segments (clients) open at most")
+    staging_bytes: int = _key(MIB, 4096, GIB, unit="bytes",
+                              doc="staging buffer per data connection and per request piece "
+                              "between a client's memory and the network")
+    max_requests_per_segment: int = _key(65536, 1, 1 << 24,
+                                         doc="requests a segment holds (in flight or not "
+                                         "yet freed) at most")
+    max_in_flight_requests: int = _key(256, 1, 1 << 16,
+                                       doc="requests of one segment on the wire at once")
+    connections_per_peer: int = _key(4, 1, 256,
+                                     doc="data connections one segment opens to one peer")
+    max_data_connections: int = _key(1024, 1, 1 << 16,
+                                     doc="incoming data connections per segment at most")
+    connect_timeout_ms: int = _key(5000, 1, 600000, unit="ms",
+                                   doc="connecting to a peer's handshake or data port")
+    request_timeout_ms: int = _key(30000, 1, 3600000, unit="ms",
+                                   doc="one request, plus 1 ns per byte (as Mooncake's)")
+    receive_timeout_ms: int = _key(30000, 1, 3600000, unit="ms",
+                                   doc="a peer's request that stops arriving part-way is "
+                                   "dropped after this")
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     credentials_file: str = _key("", doc="principals, their secrets' verifiers and roles "
                                  "(mode 600, owned by the daemon's user); empty = no "
@@ -253,6 +285,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # Quotas by namespace name ("*": the default), from the `[namespaces.<name>]` tables.
@@ -460,6 +493,11 @@ def _check_relations(config: Config, path: str) -> None:
                               f"{cluster.node_id}")
         if cluster.heartbeat_ticks >= cluster.election_ticks:
             raise ConfigError(f"{path}: [cluster] heartbeat_ticks must be below election_ticks")
+    transfer = config.transfer
+    if (transfer.port_min == 0) != (transfer.port_max == 0) or \
+            transfer.port_max - transfer.port_min < 1 and transfer.port_min:
+        raise ConfigError(f"{path}: [transfer] port_min and port_max must both be 0 (any free "
+                          "port) or a range of at least two ports (a segment takes two)")
     _check_tls(config, path)
 
 

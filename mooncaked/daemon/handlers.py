@@ -12,6 +12,7 @@ from typing import Any
 from mooncaked import __version__
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.daemon import params as params_module
+from mooncaked.daemon import transfer_segments
 from mooncaked.daemon.connection import Incoming, Reply
 from mooncaked.daemon.fd_handover import peer_pid
 from mooncaked.meta.commands import QUOTA_DEFAULT, RESERVED_NAMESPACE
@@ -633,3 +634,4 @@ def handle_config_show(conn, params: list, payload_length: int) -> Reply:
 
 HANDLERS = {name[len("handle_"):]: function for name, function in globals().items()
             if name.startswith("handle_")}
+HANDLERS.update(transfer_segments.HANDLERS)  # te_*: the transfer engine's local clients

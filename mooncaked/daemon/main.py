@@ -31,6 +31,7 @@ from mooncaked.daemon.fd_handover import FdHandover
 from mooncaked.daemon.metrics import MetricsServer, Stats, make_registry
 from mooncaked.daemon.reservations import Reservations
 from mooncaked.daemon.sdnotify import Notifier
+from mooncaked.daemon.transfer_segments import TransferSegments
 from mooncaked.errors import ErrorCode
 from mooncaked.io.loops import choose_loop
 from mooncaked.proto import framing
@@ -127,6 +128,8 @@ class Daemon:
         self.join_address = ""  # --join: a cluster member to join through
         self.cluster = None  # the ClusterService when [cluster] enabled
         self.get_staging = None  # a cluster node's GetStaging, for its local clients' gets
+        # Local clients' transfer segments (te_* methods), None when [transfer] is off.
+        self.transfer = TransferSegments(config.transfer) if config.transfer.enabled else None
         self.exit_status = 0  # EXIT_FAILED after fail_stop
 
     # -- start-up ---------------------------------------------------------------------------
@@ -355,6 +358,8 @@ class Daemon:
         conn.puts_in_progress.clear()
         if conn.reservations:
             self.reservations.release_all(conn)
+        if self.transfer is not None:
+            self.transfer.connection_closed(conn)
         if self.fd_handover is not None and conn.mappable_segments:
             self.fd_handover.forget_connection(conn.connection_id)
         if self.get_staging is not None and self.get_staging.admitted(conn.connection_id):
@@ -481,6 +486,7 @@ class Daemon:
             "unix_socket": self.config.server.unix_socket, "metrics_port": self.metrics_port,
             "draining": self.draining, "namespaces": self.master.quota_report(),
             "cluster": self.cluster.status() if self.cluster is not None else None,
+            "transfer": self.transfer.report() if self.transfer is not None else None,
             "evictions": {"runs": self.master.evictions.runs,
                           "objects": self.master.evictions.objects,
                           "bytes": self.master.evictions.bytes}}
@@ -543,6 +549,8 @@ class Daemon:
             await asyncio.sleep(0)
         if self._sweep is not None:
             self._sweep.cancel()
+        if self.transfer is not None:
+            await self.transfer.close_all()
         if self.cluster is not None:
             self.cluster.close()
         if self._metrics is not None:

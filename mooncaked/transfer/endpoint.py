@@ -8,6 +8,10 @@ an HTTP metadata server, where this segment publishes its descriptor and handsha
 under its (free-form) name and remote segments are looked up there. Descriptors are cached.
 Everything runs on the running asyncio loop; submit() returns at once and the requests
 complete on the loop.
+
+The memory served is this process's (RegisteredMemory), or another process's
+(process_memory.ProcessMemory: a local client's, which the daemon serves for it): then the
+data server and this side's requests copy through staging buffers of staging_bytes.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from .metadata import (DEFAULT_HTTP_TIMEOUT_MS, P2P_HANDSHAKE, HttpMetadata, Met
                        descriptor_key, rpc_meta_key)
 from .descriptors import (DescriptorError, RegisteredMemory, SegmentDescriptor,
                           now_timestamp)
+from .process_memory import ProcessMemoryError
 from .mooncake_tcp import (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_CONNECTIONS_PER_PEER,
                            DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_REQUESTS,
                            DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RECEIVE_TIMEOUT_MS,
-                           DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_SLICE_BYTES, READ, WRITE,
+                           DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_SLICE_BYTES,
+                           DEFAULT_STAGING_BYTES, READ, WRITE,
                            TcpDataServer, TcpInitiator, TransferFailed, TransferTarget,
                            TransferTimeout)
 
@@ -112,7 +118,8 @@ class TransferEndpoint:
                  handshake_server_timeout_ms: int = handshake.DEFAULT_SERVER_RECEIVE_TIMEOUT_MS,
                  handshake_client_timeout_ms: int = handshake.DEFAULT_CLIENT_RECEIVE_TIMEOUT_MS,
                  max_handshake_connections: int = handshake.DEFAULT_MAX_CONNECTIONS,
-                 max_notifies: int = 4096) -> None:
+                 max_notifies: int = 4096,
+                 memory=None, staging_bytes: int = DEFAULT_STAGING_BYTES) -> None:
         if proto_version not in (1, 2):
             raise ValueError(f"proto_version must be 1 or 2, not {proto_version}")
         self.host = host
@@ -128,7 +135,8 @@ class TransferEndpoint:
         self._rpc_port = rpc_port
         self._data_port = data_port
         self.proto_version = proto_version
-        self.memory = RegisteredMemory()
+        self.memory = memory if memory is not None else RegisteredMemory()
+        self.staging_bytes = staging_bytes
         self._handshake = handshake.HandshakeServer(
             self._on_metadata, self._on_notify, max_frame_bytes=max_handshake_frame_bytes,
             receive_timeout_ms=handshake_server_timeout_ms,
@@ -136,7 +144,8 @@ class TransferEndpoint:
         self._data = TcpDataServer(self.memory, slice_bytes=slice_bytes,
                                    max_request_bytes=max_request_bytes,
                                    receive_timeout_ms=data_receive_timeout_ms,
-                                   max_connections=max_data_connections)
+                                   max_connections=max_data_connections,
+                                   staging_bytes=staging_bytes)
         self._initiator: TcpInitiator | None = None
         self._initiator_options = dict(
             slice_bytes=slice_bytes, connect_timeout_ms=connect_timeout_ms,
@@ -347,13 +356,44 @@ class TransferEndpoint:
         version = 2 if self.proto_version >= 2 and descriptor.tcp_proto_version >= 2 else 1
         target = TransferTarget(descriptor.tcp_data_host, descriptor.tcp_data_port, version)
         try:
-            await self._initiator.transfer(request.opcode, local, target, request.remote_address)
+            if type(local) is memoryview:
+                await self._initiator.transfer(request.opcode, local, target,
+                                               request.remote_address)
+            else:
+                await self._transfer_staged(request.opcode, local, target,
+                                            request.remote_address)
         except TransferTimeout as e:
             return fail(TransferState.TIMEOUT, str(e))
         except TransferFailed as e:
             return fail(TransferState.FAILED, str(e))
+        except ProcessMemoryError as e:
+            return fail(TransferState.FAILED, f"local memory: {e}")
         status.transferred_bytes = request.length
         status.state = TransferState.COMPLETED
+
+    async def _transfer_staged(self, opcode: int, local, target: TransferTarget,
+                               remote_address: int) -> None:
+        """A request on another process's memory: a staging buffer at a time, as many at
+        once as the peer has connections."""
+        step = self.staging_bytes
+        offsets = list(range(0, local.length, step)) or [0]
+        window = max(1, self._initiator.connections_per_peer)
+
+        async def move(offset: int) -> None:
+            buffer = bytearray(min(step, local.length - offset))
+            if opcode == WRITE:
+                local.read_into(offset, buffer)
+            await self._initiator.transfer(opcode, memoryview(buffer), target,
+                                           remote_address + offset)
+            if opcode == READ:
+                local.write_from(offset, buffer)
+
+        for at in range(0, len(offsets), window):
+            results = await asyncio.gather(*(move(o) for o in offsets[at:at + window]),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
 
 
 def _split_segment_name(name: str) -> tuple[str, int]:

@@ -12,7 +12,10 @@ a refused request just closes the connection, and a WRITE has no acknowledgement
 
 Both sides are asyncio protocols (no thread per request) and receive straight into registered
 memory: a WRITE's payload is read by the kernel into the destination buffer, a READ's reply
-into the initiator's buffer.
+into the initiator's buffer. Memory of another process (process_memory.ProcessRange, a local
+client's) goes through a staging buffer of staging_bytes per connection: a WRITE's payload is
+received into it and copied into the process a staging buffer at a time; a READ is copied out
+of the process a staging buffer at a time and sent.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import struct
 from dataclasses import dataclass
 
 from .descriptors import RegisteredMemory
+from .process_memory import ProcessMemoryError
 
 log = logging.getLogger("mooncaked.transfer.tcp")
 
@@ -45,6 +49,7 @@ DEFAULT_CONNECT_TIMEOUT_MS = 5000
 DEFAULT_REQUEST_TIMEOUT_MS = 30000
 DEFAULT_CONNECTIONS_PER_PEER = 4
 DEFAULT_MAX_IN_FLIGHT_REQUESTS = 256
+DEFAULT_STAGING_BYTES = 1 << 20
 
 
 def encode_header(opcode: int, address: int, size: int, version: int) -> bytes:
@@ -72,9 +77,11 @@ class TcpDataServer:
     def __init__(self, memory: RegisteredMemory, *, slice_bytes: int = DEFAULT_SLICE_BYTES,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 staging_bytes: int = DEFAULT_STAGING_BYTES) -> None:
         self.memory = memory
         self.slice_bytes = slice_bytes
+        self.staging_bytes = staging_bytes
         self.max_request_bytes = max_request_bytes
         self.receive_timeout_ms = receive_timeout_ms
         self.max_connections = max_connections
@@ -107,6 +114,11 @@ class _ServerConnection(asyncio.BufferedProtocol):
         self._version = 2
         self._sending: memoryview | None = None  # a READ's source, while it is sent
         self._sent = 0
+        # A WRITE into another process's memory: its range, the bytes copied into it so far,
+        # and this connection's staging buffer (allocated on first use).
+        self._remote = None
+        self._remote_done = 0
+        self._staging: memoryview | None = None
         self._writing_paused = False
         self._progress = 0  # bumped on every received byte; the watchdog compares it
         self._watchdog: asyncio.TimerHandle | None = None
@@ -142,7 +154,10 @@ class _ServerConnection(asyncio.BufferedProtocol):
         if self._payload is not None:
             self._payload_filled += nbytes
             if self._payload_filled == len(self._payload):
-                self._write_done()
+                if self._remote is not None:
+                    self._flush_staging()
+                else:
+                    self._write_done()
             return
         self._header_filled += nbytes
         if self._header_filled < HEADER.size:
@@ -176,6 +191,13 @@ class _ServerConnection(asyncio.BufferedProtocol):
             self._transport.close()  # flushes the status, then closes
             return
         self._server.served_requests[self._version] += 1
+        if type(view) is not memoryview:  # another process's memory, through staging
+            if opcode == WRITE and size > 0:
+                self._remote, self._remote_done = view, 0
+                self._payload, self._payload_filled = self._next_staging(), 0
+                self._arm_watchdog()
+                return
+            view = _ProcessSource(view) if opcode == READ else memoryview(b"")
         if opcode == WRITE:
             self._payload, self._payload_filled = view, 0
             if size == 0:
@@ -194,11 +216,43 @@ class _ServerConnection(asyncio.BufferedProtocol):
         if self._version >= 2:
             self._transport.write(encode_status(STATUS_OK))
 
+    def _next_staging(self) -> memoryview:
+        if self._staging is None:
+            self._staging = memoryview(bytearray(self._server.staging_bytes))
+        return self._staging[:min(len(self._staging), self._remote.length - self._remote_done)]
+
+    def _flush_staging(self) -> None:
+        """Copy a full staging buffer into the process; then the next one, or the status."""
+        try:
+            self._remote.write_from(self._remote_done, self._payload)
+        except ProcessMemoryError as e:
+            self._server.rejected_requests += 1
+            log.warning("WRITE into %s failed: %s", self._remote.pid, e)
+            self._remote = self._payload = None
+            if self._version >= 2:
+                self._transport.write(encode_status(STATUS_REJECTED))
+            self._transport.close()
+            return
+        self._remote_done += len(self._payload)
+        if self._remote_done < self._remote.length:
+            self._payload, self._payload_filled = self._next_staging(), 0
+            return
+        self._remote = None
+        self._write_done()
+
     # sending a READ's data, a slice at a time, as flow control allows
     def _send_more(self) -> None:
         view, step = self._sending, self._server.slice_bytes
+        if type(view) is _ProcessSource:
+            step = self._server.staging_bytes
         while view is not None and self._sent < len(view) and not self._writing_paused:
-            self._transport.write(view[self._sent:self._sent + step])
+            try:
+                self._transport.write(view[self._sent:self._sent + step])
+            except ProcessMemoryError as e:
+                log.warning("READ from %s failed: %s", view.range.pid, e)
+                self._sending = None
+                self._transport.abort()  # the peer sees the data cut short
+                return
             self._sent += step
         if view is not None and self._sent >= len(view):
             self._sending = None
@@ -230,6 +284,23 @@ class _ServerConnection(asyncio.BufferedProtocol):
             self._transport.abort()
             return
         self._arm_watchdog()
+
+
+class _ProcessSource:
+    """A READ's source in another process: slicing copies the slice out (into a new buffer,
+    which the transport may keep until it is sent)."""
+
+    def __init__(self, source) -> None:
+        self.range = source
+
+    def __len__(self) -> int:
+        return self.range.length
+
+    def __getitem__(self, part: slice) -> bytearray:
+        start, stop, _ = part.indices(self.range.length)
+        chunk = bytearray(stop - start)
+        self.range.read_into(start, chunk)
+        return chunk
 
 
 # -- initiator ----------------------------------------------------------------------------------
