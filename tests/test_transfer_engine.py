@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.errors import ErrorCode, MooncakedError
 from mooncaked.transfer_engine import TransferEngine, TransferNotify, TransferOpcode
@@ -35,13 +35,14 @@ class Driver:
     """A TransferEngine process with one registered buffer (tests/mooncake_te_driver.py's
     commands): ours (mooncaked.transfer_engine, a client of the daemon) or the real wheel's."""
 
-    def __init__(self, python: str, script: str, env: dict, buffer_bytes: int) -> None:
+    def __init__(self, python: str, script: str, env: dict, buffer_bytes: int,
+                 **start: str) -> None:
         self._log = tempfile.NamedTemporaryFile(prefix="te-driver-", suffix=".log",
                                                 delete=False)
         self.process = subprocess.Popen([python, script], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self._log, env=env,
                                         text=True, cwd=tempfile.gettempdir())
-        started = self.call(op="start", buffer_bytes=buffer_bytes)
+        started = self.call(op="start", buffer_bytes=buffer_bytes, **start)
         assert started.get("rc") == 0, (started, self.log())
         self.segment, self.address = started["segment"], started["address"]
 
@@ -318,6 +319,8 @@ def test_bad_params_get_clear_errors(daemon, monkeypatch):
                 ({"local_hostname": "127.0.0.1", "metadata_server": "etcd://h:2379"},
                  ErrorCode.NOT_SUPPORTED, "P2PHANDSHAKE"),
                 ({"local_hostname": ""}, ErrorCode.INVALID_PARAMS, "local_hostname"),
+                ({"local_hostname": "no-such-host.invalid"}, ErrorCode.INVALID_PARAMS,
+                 "cannot listen on no-such-host.invalid"),
                 ({"local_hostname": "127.0.0.1", "colour": 1}, ErrorCode.INVALID_PARAMS,
                  "colour")]:
             with pytest.raises(MooncakedError) as failure:
@@ -420,3 +423,57 @@ def test_real_mooncake_and_a_mooncaked_client(engine):
                                       mooncake.address + THEIR_BYTES, 4096) == -1
     finally:
         mooncake.close()
+
+
+@pytest.fixture
+def metadata_server():
+    """Mooncake's own HTTP metadata server (from the wheel): its URL."""
+    if not os.path.exists(MOONCAKE_PYTHON):
+        pytest.skip("no Mooncake Transfer Engine environment: run "
+                    "`bash tools/engines/mooncake_env.sh`")
+    port = free_port()
+    process = subprocess.Popen(
+        [os.path.join(os.path.dirname(MOONCAKE_PYTHON), "mooncake_http_metadata_server"),
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, "mooncake_http_metadata_server exited"
+                threading.Event().wait(0.1)
+        yield f"http://127.0.0.1:{port}/metadata"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_http_metadata_mode_with_real_mooncake(make_daemon, monkeypatch, metadata_server):
+    daemon = make_daemon(transfer={"bind_host": "127.0.0.1"})
+    monkeypatch.setenv("MOONCAKED_ADDRESS", daemon.unix_address)
+    memory = GuardedMemory(1 << 20)
+    te = TransferEngine()
+    # A free-form segment name (not resolvable): the daemon advertises its bind_host.
+    assert te.initialize("mooncaked-client", metadata_server, "tcp", "") == 0
+    assert te.get_segment_name() == "mooncaked-client"
+    assert te.register_memory(memory.address, memory.length) == 0
+    env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")
+    env.pop("PYTHONPATH", None)
+    mooncake = Driver(MOONCAKE_PYTHON, MOONCAKE_DRIVER, env, THEIR_BYTES,
+                      metadata=metadata_server, name="mooncake-node")
+    try:
+        data = pattern(100_000, 11)
+        mooncake.fill(0, data)
+        assert mooncake.call(op="write", segment="mooncaked-client", offset=0,
+                             remote_address=memory.address + 9, length=len(data))["rc"] == 0
+        assert memory.read(9, len(data)) == data
+        memory.write(0, pattern(1 << 20, 12))
+        assert te.transfer_sync_write("mooncake-node", memory.address, mooncake.address + 1,
+                                      1 << 20) == 0
+        assert mooncake.dump(1, 1 << 20) == pattern(1 << 20, 12)
+    finally:
+        mooncake.close()
+        te.close()
+    assert memory.guards_intact()

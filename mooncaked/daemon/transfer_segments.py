@@ -13,6 +13,7 @@ their statuses are read with te_status or te_wait. The segment closes with its c
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 from typing import Any
@@ -105,6 +106,9 @@ class TransferSegments:
         pid = peer_pid(conn.transport.get_extra_info("socket"))
         segment_name = None if metadata == P2P_HANDSHAKE else \
             (f"{host}:{port}" if port else host)
+        if segment_name is not None:
+            # The name is free-form in HTTP mode: advertise a reachable address.
+            host = await self._advertised_host(host)
         last_error: Exception | None = None
         for _ in range(PORT_ATTEMPTS):
             rpc_port, data_port = self._ports(host, port)
@@ -120,9 +124,12 @@ class TransferSegments:
                 max_data_connections=s.max_data_connections)
             try:
                 name = await endpoint.start()
-            except OSError as e:  # a port taken meanwhile: pick again
-                last_error = e
+            except OSError as e:
                 await endpoint.close()
+                if e.errno != errno.EADDRINUSE:
+                    raise MooncakedError(ErrorCode.INVALID_PARAMS, f"cannot listen on "
+                                         f"{s.bind_host or host}: {e}") from None
+                last_error = e  # a port taken meanwhile: pick again
                 continue
             except (MetadataError, ValueError) as e:
                 await endpoint.close()
@@ -139,6 +146,20 @@ class TransferSegments:
         log.info("transfer segment %s opened for pid %d", name, pid)
         return {"segment": name, "rpc_port": endpoint.rpc_port,
                 "data_port": endpoint.data_port, "daemon_pid": conn.daemon.pid}
+
+    async def _advertised_host(self, host: str) -> str:
+        """`host` when it resolves; else [transfer] bind_host when that is one address."""
+        try:
+            await asyncio.get_running_loop().getaddrinfo(host, None)
+            return host
+        except OSError:
+            pass
+        bind = self.settings.bind_host
+        if bind and bind not in ("0.0.0.0", "::"):
+            return bind
+        raise MooncakedError(ErrorCode.INVALID_PARAMS,
+                             f"local_hostname {host!r} is not an address peers can reach; "
+                             "name one, or set [transfer] bind_host to one")
 
     def _ports(self, host: str, asked: int) -> tuple[int, int]:
         """(rpc_port, data_port): the asked rpc port, or 0 (any), or two free ones of the
