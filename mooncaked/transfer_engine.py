@@ -16,8 +16,11 @@ process's tracer). Peers, real Mooncake processes included, see an ordinary Moon
 segment (wire/PROTOCOL.md sections 8 and 9).
 
 Return conventions are Mooncake's: 0 or -1; a batch id, 0 on failure; transfer_check_status
-1 done, 0 pending, -1 failed, -2 timed out. Every method is safe from several threads: calls
-share one connection to the daemon (it owns the segment) and take turns on it.
+1 done, 0 pending, -1 failed, -2 timed out. Every method is safe from several threads, and
+threads do not wait for each other: the thread that called initialize() uses the connection
+that owns the segment, every other thread a connection of its own, attached to the segment
+(te_attach), opened on its first call and closed when the thread has ended (at the next
+thread's first call) or at close().
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import mmap
 import os
 import threading
+import weakref
 from typing import Sequence
 
 from mooncaked.client import calls
@@ -64,10 +68,16 @@ class TransferNotify:
 
 class TransferEngine:
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # one call on the connection at a time
-        self._client: BlockingClient | None = None
+        self._lock = threading.Lock()  # guards the fields below, not the calls
+        self._client: BlockingClient | None = None  # the connection that owns the segment
+        self._owner_thread = 0
+        self._address = ""
+        self._attach_token = ""
         self._segment = ""
         self._rpc_port = 0
+        # Other threads' connections, attached to the segment: (thread, connection).
+        self._attached: list[tuple[weakref.ref, BlockingClient]] = []
+        self._thread = threading.local()
         self._managed: dict[int, mmap.mmap] = {}  # allocate_managed_buffer's, by address
 
     # -- set-up -----------------------------------------------------------------------------
@@ -100,6 +110,9 @@ class TransferEngine:
                 return -1
             _allow_tracer(opened["daemon_pid"])
             self._client = client
+            self._owner_thread = threading.get_ident()
+            self._address = address
+            self._attach_token = opened["attach_token"]
             self._segment = opened["segment"]
             self._rpc_port = opened["rpc_port"]
             return 0
@@ -126,6 +139,9 @@ class TransferEngine:
         """Close the segment (the daemon stops serving it); also when the process exits."""
         with self._lock:
             client, self._client = self._client, None
+            attached, self._attached = self._attached, []
+        for _, connection in attached:
+            connection.close()
         if client is not None:
             client.close()
         for region in self._managed.values():
@@ -290,29 +306,65 @@ class TransferEngine:
 
     # -- the connection ---------------------------------------------------------------------
 
+    def _connection(self) -> BlockingClient | None:
+        """This thread's connection to the segment: the owner's for the thread that called
+        initialize(), else one attached on first use. None (logged) when there is none."""
+        with self._lock:
+            owner, owner_thread = self._client, self._owner_thread
+        if owner is None:
+            log.error("the engine is not initialized")
+            return None
+        if threading.get_ident() == owner_thread:
+            return owner
+        mine = getattr(self._thread, "connection", None)
+        if mine is not None and not mine.closed and getattr(self._thread, "owner", None) is owner:
+            return mine
+        try:
+            mine = BlockingClient.connect(self._address, client_name=f"transfer-engine:"
+                                          f"{self._segment}", timeout_s=None,
+                                          map_segments=False)
+        except (OSError, ValueError, MooncakedError) as e:
+            log.error("cannot reach mooncaked at %s: %s", self._address, e)
+            return None
+        try:
+            mine._run(calls.simple("te_attach", self._segment, self._attach_token))
+        except MooncakedError as e:
+            mine.close()
+            log.error("cannot attach to segment %s: %s", self._segment, e)
+            return None
+        with self._lock:
+            if self._client is not owner:  # closed meanwhile
+                mine.close()
+                return None
+            ended = [c for t, c in self._attached if t() is None or not t().is_alive()]
+            self._attached = [(t, c) for t, c in self._attached if c not in ended]
+            self._attached.append((weakref.ref(threading.current_thread()), mine))
+        for connection in ended:
+            connection.close()
+        self._thread.connection, self._thread.owner = mine, owner
+        return mine
+
     def _call(self, method: str, *params):
         """The method's result, or None (logged) when it failed."""
-        with self._lock:
-            if self._client is None:
-                log.error("%s: the engine is not initialized", method)
-                return None
-            try:
-                return self._client._run(calls.simple(method, *params))
-            except MooncakedError as e:
-                log.error("%s: %s", method, e)
-                return None
+        client = self._connection()
+        if client is None:
+            return None
+        try:
+            return client._run(calls.simple(method, *params))
+        except MooncakedError as e:
+            log.error("%s: %s", method, e)
+            return None
 
     def _code(self, method: str, *params) -> int:
-        with self._lock:
-            if self._client is None:
-                log.error("%s: the engine is not initialized", method)
-                return -1
-            try:
-                self._client._run(calls.simple(method, *params))
-            except MooncakedError as e:
-                log.error("%s: %s", method, e)
-                return -1
-            return 0
+        client = self._connection()
+        if client is None:
+            return -1
+        try:
+            client._run(calls.simple(method, *params))
+        except MooncakedError as e:
+            log.error("%s: %s", method, e)
+            return -1
+        return 0
 
     @staticmethod
     def _requests(target: str, opcode, buffers, peer_addresses, lengths) -> list | None:
@@ -336,16 +388,15 @@ class TransferEngine:
         if requests is None:
             return -1
         params = [requests] if notify is None else [requests, [notify.name, notify.msg]]
-        with self._lock:  # submit and wait back to back: no other call waits in between
-            if self._client is None:
-                log.error("transfer: the engine is not initialized")
-                return -1
-            try:
-                batch_id = self._client._run(calls.simple("te_submit", *params))
-                statuses = self._client._run(calls.simple("te_wait", batch_id))
-            except MooncakedError as e:
-                log.error("transfer to %s: %s", target, e)
-                return -1
+        client = self._connection()
+        if client is None:
+            return -1
+        try:
+            batch_id = client._run(calls.simple("te_submit", *params))
+            statuses = client._run(calls.simple("te_wait", batch_id))
+        except MooncakedError as e:
+            log.error("transfer to %s: %s", target, e)
+            return -1
         failed = [s for s in statuses if s[0] != _COMPLETED]
         if failed:
             log.error("transfer to %s: %d of %d requests failed: %s", target, len(failed),

@@ -261,7 +261,7 @@ def test_managed_buffers(engine, peer):
     assert te.free_managed_buffer(address, 1 << 16) == -1
 
 
-def test_threads_share_one_engine(engine, peer):
+def test_threads_share_one_engine(engine, peer, daemon):
     te, memory = engine
     data = pattern(OUR_BYTES, 7)
     memory.write(0, data)
@@ -286,6 +286,17 @@ def test_threads_share_one_engine(engine, peer):
     assert errors == []
     assert peer.dump(0, OUR_BYTES) == data
     assert memory.read(0, OUR_BYTES) == data
+    # Each thread had a connection of its own, attached to the one segment.
+    [ours] = [s for s in daemon_segments(daemon) if s["segment"] == te.get_segment_name()]
+    assert ours["attached_connections"] == 8
+    assert ours["requests_completed"] == 16 and ours["requests_failed"] == 0
+    # A thread started after those ended closes their connections on its first call.
+    late = threading.Thread(target=lambda: errors.append(te.send_probe(peer.segment)))
+    late.start()
+    late.join()
+    assert errors == [0]
+    [ours] = [s for s in daemon_segments(daemon) if s["segment"] == te.get_segment_name()]
+    assert ours["attached_connections"] == 1
 
 
 def test_a_client_that_exits_releases_its_segment(daemon):
@@ -328,6 +339,17 @@ def test_bad_params_get_clear_errors(daemon, monkeypatch):
             assert failure.value.code == code and words in failure.value.message, options
         opened = client.call("te_open", {"local_hostname": "127.0.0.1"})
         assert opened["daemon_pid"] == daemon.process.pid
+        with BlockingClient.connect(daemon.unix_address, map_segments=False) as other:
+            with pytest.raises(MooncakedError) as failure:
+                other.call("te_attach", opened["segment"], "0" * 32)
+            assert failure.value.code == ErrorCode.SEGMENT_NOT_FOUND
+            with pytest.raises(MooncakedError) as failure:
+                other.call("te_wait", 1)
+            assert failure.value.code == ErrorCode.SEGMENT_NOT_FOUND
+            other.call("te_attach", opened["segment"], opened["attach_token"])
+            with pytest.raises(MooncakedError) as failure:
+                other.call("te_wait", 1)
+            assert failure.value.code == ErrorCode.INVALID_PARAMS  # attached: no such batch
         with pytest.raises(MooncakedError) as failure:
             client.call("te_open", {"local_hostname": "127.0.0.1"})
         assert failure.value.code == ErrorCode.SEGMENT_ALREADY_EXISTS

@@ -51,8 +51,9 @@ METHOD_ROLES: dict[str, tuple | None] = {
         "batch_put_end", "batch_put_revoke", "reserve", "put_commit", "batch_put_commit")},
     # The transfer engine: a segment serving the client's own memory (daemon/transfer_segments).
     **{m: (WRITE, CONNECTION) for m in (
-        "te_open", "te_register", "te_unregister", "te_submit", "te_status", "te_wait",
-        "te_free", "te_buffers", "te_notify", "te_notifies", "te_probe", "te_close")},
+        "te_open", "te_attach", "te_register", "te_unregister", "te_submit", "te_status",
+        "te_wait", "te_free", "te_buffers", "te_notify", "te_notifies", "te_probe",
+        "te_close")},
     "objects_list": (READ, 2),
     "object_stat": (READ, 1),
     **{m: (ADMIN, DAEMON) for m in (

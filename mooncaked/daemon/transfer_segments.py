@@ -8,13 +8,17 @@ mode the segment name is `host:rpc_port`, in HTTP metadata mode the descriptor i
 whose registered memory is the client's own, reached with process_vm_readv / writev by the
 pid SO_PEERCRED names (transfer/process_memory.py). The client's batches run on the loop;
 their statuses are read with te_status or te_wait. The segment closes with its connection.
+Other connections of the same process may attach to it (te_attach, with the token te_open
+returned), so that the client's threads each use a connection of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import hmac
 import logging
+import secrets
 import socket
 from typing import Any
 
@@ -59,11 +63,14 @@ class ClientSegment:
         self.submitted_requests = 0
         self.completed_requests = 0
         self.failed_requests = 0
+        self.attach_token = secrets.token_hex(16)
+        self.attached: set[int] = set()  # connection ids of the other connections using it
 
     def report(self) -> dict:
         data = self.endpoint._data
         return {"segment": self.endpoint.name, "pid": self.pid,
                 "connection_id": self.connection_id,
+                "attached_connections": len(self.attached),
                 "rpc_port": self.endpoint.rpc_port, "data_port": self.endpoint.data_port,
                 "buffers": len(self.endpoint.memory),
                 "registered_bytes": self.endpoint.memory.registered_bytes(),
@@ -79,16 +86,17 @@ class ClientSegment:
 class TransferSegments:
     def __init__(self, settings) -> None:
         self.settings = settings  # config.TransferConfig
-        self.segments: dict[int, ClientSegment] = {}  # by connection id
+        self.segments: dict[int, ClientSegment] = {}  # by the owning connection's id
+        self.attached: dict[int, ClientSegment] = {}  # by an attached connection's id
         self._closing: set[asyncio.Task] = set()
 
     # lifecycle
     async def open(self, conn, options: dict) -> dict:
         s = self.settings
-        if conn.connection_id in self.segments:
+        if conn.connection_id in self.segments or conn.connection_id in self.attached:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS,
                                  "this connection already has a transfer segment "
-                                 f"({self.segments[conn.connection_id].endpoint.name})")
+                                 f"({self.segment(conn).endpoint.name})")
         if len(self.segments) >= s.max_segments:
             raise MooncakedError(ErrorCode.BUSY, f"{s.max_segments} transfer segments are "
                                  "open ([transfer] max_segments)")
@@ -142,10 +150,27 @@ class TransferSegments:
         if conn.transport is None or conn.transport.is_closing():
             await endpoint.close()  # the client left while the segment started
             raise MooncakedError(ErrorCode.RPC_FAIL, "connection closed")
-        self.segments[conn.connection_id] = ClientSegment(conn.connection_id, pid, endpoint)
+        segment = ClientSegment(conn.connection_id, pid, endpoint)
+        self.segments[conn.connection_id] = segment
         log.info("transfer segment %s opened for pid %d", name, pid)
         return {"segment": name, "rpc_port": endpoint.rpc_port,
-                "data_port": endpoint.data_port, "daemon_pid": conn.daemon.pid}
+                "data_port": endpoint.data_port, "daemon_pid": conn.daemon.pid,
+                "attach_token": segment.attach_token}
+
+    def attach(self, conn, name: str, token: str) -> None:
+        if conn.connection_id in self.segments or conn.connection_id in self.attached:
+            raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS,
+                                 "this connection already has a transfer segment "
+                                 f"({self.segment(conn).endpoint.name})")
+        pid = peer_pid(conn.transport.get_extra_info("socket"))
+        for segment in self.segments.values():
+            if segment.endpoint.name == name and segment.pid == pid and \
+                    hmac.compare_digest(segment.attach_token, token):
+                segment.attached.add(conn.connection_id)
+                self.attached[conn.connection_id] = segment
+                return
+        raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND, f"no transfer segment {name!r} of "
+                             f"this process (pid {pid}) with that token")
 
     async def _advertised_host(self, host: str) -> str:
         """`host` when it resolves; else [transfer] bind_host when that is one address."""
@@ -183,8 +208,15 @@ class TransferSegments:
                              f"{s.port_min}-{s.port_max}")
 
     def connection_closed(self, conn) -> None:
+        attached = self.attached.pop(conn.connection_id, None)
+        if attached is not None:
+            attached.attached.discard(conn.connection_id)
+            return
         segment = self.segments.pop(conn.connection_id, None)
         if segment is not None:
+            for connection_id in segment.attached:
+                self.attached.pop(connection_id, None)
+            segment.attached.clear()
             task = asyncio.ensure_future(self._close(segment))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -200,6 +232,7 @@ class TransferSegments:
         log.info("transfer segment %s of pid %d closed", segment.endpoint.name, segment.pid)
 
     async def close_all(self) -> None:
+        self.attached.clear()
         for connection_id in list(self.segments):
             segment = self.segments.pop(connection_id)
             await self._close(segment)
@@ -210,7 +243,7 @@ class TransferSegments:
         return {"segments": [s.report() for s in self.segments.values()]}
 
     def segment(self, conn) -> ClientSegment:
-        segment = self.segments.get(conn.connection_id)
+        segment = self.segments.get(conn.connection_id) or self.attached.get(conn.connection_id)
         if segment is None:
             raise MooncakedError(ErrorCode.SEGMENT_NOT_FOUND,
                                  "no transfer segment on this connection: send te_open first")
@@ -307,6 +340,15 @@ async def handle_te_open(conn, params: list, payload_length: int):
     if unknown:
         raise invalid(f"unknown te_open keys: {', '.join(sorted(map(str, unknown)))}")
     return Reply(await transfer.open(conn, options))
+
+
+def handle_te_attach(conn, params: list, payload_length: int) -> Reply:
+    transfer = _transfer(conn)
+    arity(params, 2, 2, "[segment, attach_token]")
+    if any(type(p) is not str for p in params):
+        raise invalid("segment and attach_token must be strs")
+    transfer.attach(conn, params[0], params[1])
+    return _NULL
 
 
 def _ranges(value: Any) -> list[tuple[int, int]]:
