@@ -137,6 +137,8 @@ class TransferEndpoint:
         self.proto_version = proto_version
         self.memory = memory if memory is not None else RegisteredMemory()
         self.staging_bytes = staging_bytes
+        self._max_staged_pieces = max_in_flight_requests
+        self._staging_slots: asyncio.Semaphore | None = None  # made on the loop
         self._handshake = handshake.HandshakeServer(
             self._on_metadata, self._on_notify, max_frame_bytes=max_handshake_frame_bytes,
             receive_timeout_ms=handshake_server_timeout_ms,
@@ -373,27 +375,29 @@ class TransferEndpoint:
 
     async def _transfer_staged(self, opcode: int, local, target: TransferTarget,
                                remote_address: int) -> None:
-        """A request on another process's memory: a staging buffer at a time, as many at
-        once as the peer has connections."""
+        """A request on another process's memory, in pieces of staging_bytes, each through a
+        staging buffer of its own: at most max_in_flight_requests pieces (and buffers) at
+        once in the endpoint, as many on the wire as the initiator allows."""
         step = self.staging_bytes
-        offsets = list(range(0, local.length, step)) or [0]
-        window = max(1, self._initiator.connections_per_peer)
+        if self._staging_slots is None:
+            self._staging_slots = asyncio.Semaphore(self._max_staged_pieces)
 
         async def move(offset: int) -> None:
-            buffer = bytearray(min(step, local.length - offset))
-            if opcode == WRITE:
-                local.read_into(offset, buffer)
-            await self._initiator.transfer(opcode, memoryview(buffer), target,
-                                           remote_address + offset)
-            if opcode == READ:
-                local.write_from(offset, buffer)
+            async with self._staging_slots:
+                buffer = bytearray(min(step, local.length - offset))
+                if opcode == WRITE:
+                    local.read_into(offset, buffer)
+                await self._initiator.transfer(opcode, memoryview(buffer), target,
+                                               remote_address + offset)
+                if opcode == READ:
+                    local.write_from(offset, buffer)
 
-        for at in range(0, len(offsets), window):
-            results = await asyncio.gather(*(move(o) for o in offsets[at:at + window]),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
+        results = await asyncio.gather(*(move(offset) for offset in
+                                         range(0, local.length, step) or [0]),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
 def _split_segment_name(name: str) -> tuple[str, int]:
