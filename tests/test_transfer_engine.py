@@ -499,3 +499,41 @@ def test_http_metadata_mode_with_real_mooncake(make_daemon, monkeypatch, metadat
         mooncake.close()
         te.close()
     assert memory.guards_intact()
+
+
+def test_small_staging_buffers_and_odd_lengths(make_daemon, monkeypatch):
+    """Requests many staging buffers long, not a multiple of one, both directions."""
+    daemon = make_daemon(transfer={"staging_bytes": 4096})
+    monkeypatch.setenv("MOONCAKED_ADDRESS", daemon.unix_address)
+    memory = GuardedMemory(1 << 20)
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert te.register_memory(memory.address, memory.length) == 0
+    env = dict(os.environ, PYTHONPATH=REPO, MOONCAKED_ADDRESS=daemon.unix_address)
+    peer = Driver(sys.executable, OUR_DRIVER, env, 1 << 20)
+    try:
+        data = pattern(1 << 20, 21)
+        memory.write(0, data)
+        assert te.transfer_sync_write(peer.segment, memory.address + 3, peer.address + 5,
+                                      100_003) == 0
+        assert peer.dump(0, 5) == bytes(5)
+        assert peer.dump(5, 100_003) == data[3:100_006]
+        assert peer.dump(100_008, 10) == bytes(10)
+        memory.write(0, bytes(1 << 20))
+        assert te.transfer_sync_read(peer.segment, memory.address + 11, peer.address + 5,
+                                     100_003) == 0
+        assert memory.read(11, 100_003) == data[3:100_006]
+        assert memory.read(0, 11) == bytes(11)
+        theirs = pattern(1 << 20, 22)
+        peer.fill(0, theirs)
+        assert peer.call(op="write", segment=te.get_segment_name(), offset=1,
+                         remote_address=memory.address + 7, length=65_537)["rc"] == 0
+        assert memory.read(7, 65_537) == theirs[1:65_538]
+        memory.write(0, data)
+        assert peer.call(op="read", segment=te.get_segment_name(), offset=0,
+                         remote_address=memory.address + 9, length=77_777)["rc"] == 0
+        assert peer.dump(0, 77_777) == data[9:9 + 77_777]
+    finally:
+        peer.close()
+        te.close()
+    assert memory.guards_intact()
