@@ -537,3 +537,29 @@ def test_small_staging_buffers_and_odd_lengths(make_daemon, monkeypatch):
         peer.close()
         te.close()
     assert memory.guards_intact()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"),
+                    reason="needs root and setpriv to run a reader without ptrace rights")
+def test_memory_the_daemon_may_not_read_is_refused_at_registration_saying_why():
+    """A reader without the right to ptrace this process (another user, no CAP_SYS_PTRACE),
+    as a daemon would be that runs as another user than its client: EPERM, and the message
+    says what is needed."""
+    memory = GuardedMemory(4096)
+    reader = ("import sys\n"
+              "from mooncaked.transfer.process_memory import ProcessMemory, "
+              "ProcessMemoryError\n"
+              "try:\n"
+              "    ProcessMemory(int(sys.argv[1])).register(int(sys.argv[2]), 4096)\n"
+              "    print('registered')\n"
+              "except ProcessMemoryError as e:\n"
+              "    print(e.errno, e.strerror)\n")
+    result = subprocess.run(
+        ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         "--inh-caps=-all", sys.executable, "-c", reader, str(os.getpid()),
+         str(memory.address)],
+        env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=60,
+        cwd=tempfile.gettempdir())
+    code, _, message = result.stdout.strip().partition(" ")
+    assert code == "1", result  # EPERM
+    assert "CAP_SYS_PTRACE" in message and "same user" in message and "PR_SET_PTRACER" in message
