@@ -563,3 +563,15 @@ def test_memory_the_daemon_may_not_read_is_refused_at_registration_saying_why():
     code, _, message = result.stdout.strip().partition(" ")
     assert code == "1", result  # EPERM
     assert "CAP_SYS_PTRACE" in message and "same user" in message and "PR_SET_PTRACER" in message
+
+
+def test_max_segments_is_enforced(make_daemon):
+    daemon = make_daemon(transfer={"max_segments": 1})
+    with BlockingClient.connect(daemon.unix_address, map_segments=False) as first, \
+            BlockingClient.connect(daemon.unix_address, map_segments=False) as second:
+        first.call("te_open", {"local_hostname": "127.0.0.1"})
+        with pytest.raises(MooncakedError) as failure:
+            second.call("te_open", {"local_hostname": "127.0.0.1"})
+        assert failure.value.code == ErrorCode.BUSY and "max_segments" in failure.value.message
+        first.call("te_close")
+        second.call("te_open", {"local_hostname": "127.0.0.1"})

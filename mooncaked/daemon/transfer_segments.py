@@ -89,6 +89,7 @@ class TransferSegments:
         self.segments: dict[int, ClientSegment] = {}  # by the owning connection's id
         self.attached: dict[int, ClientSegment] = {}  # by an attached connection's id
         self._closing: set[asyncio.Task] = set()
+        self._opening = 0  # te_opens under way (they count against max_segments)
 
     # lifecycle
     async def open(self, conn, options: dict) -> dict:
@@ -97,9 +98,17 @@ class TransferSegments:
             raise MooncakedError(ErrorCode.SEGMENT_ALREADY_EXISTS,
                                  "this connection already has a transfer segment "
                                  f"({self.segment(conn).endpoint.name})")
-        if len(self.segments) >= s.max_segments:
+        if len(self.segments) + self._opening >= s.max_segments:
             raise MooncakedError(ErrorCode.BUSY, f"{s.max_segments} transfer segments are "
                                  "open ([transfer] max_segments)")
+        self._opening += 1
+        try:
+            return await self._open(conn, options)
+        finally:
+            self._opening -= 1
+
+    async def _open(self, conn, options: dict) -> dict:
+        s = self.settings
         host, port = _hostname(options.get("local_hostname"))
         metadata = options.get("metadata_server", P2P_HANDSHAKE)
         if type(metadata) is not str or not (metadata == P2P_HANDSHAKE
@@ -165,7 +174,7 @@ class TransferSegments:
         pid = peer_pid(conn.transport.get_extra_info("socket"))
         for segment in self.segments.values():
             if segment.endpoint.name == name and segment.pid == pid and \
-                    hmac.compare_digest(segment.attach_token, token):
+                    hmac.compare_digest(segment.attach_token.encode(), token.encode()):
                 segment.attached.add(conn.connection_id)
                 self.attached[conn.connection_id] = segment
                 return
