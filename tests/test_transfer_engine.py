@@ -105,6 +105,15 @@ def daemon_segments(daemon) -> list[dict]:
         return client.call("status")["transfer"]["segments"]
 
 
+def eventually(condition, attempts: int = 400) -> bool:
+    """Poll `condition` (the daemon notices closed connections on its own loop)."""
+    for _ in range(attempts):
+        if condition():
+            return True
+        threading.Event().wait(0.05)
+    return condition()
+
+
 def test_two_client_processes_exchange_data(engine, peer, daemon):
     te, memory = engine
     assert te.get_segment_name() == f"127.0.0.1:{te.get_rpc_port()}"
@@ -295,8 +304,8 @@ def test_threads_share_one_engine(engine, peer, daemon):
     late.start()
     late.join()
     assert errors == [0]
-    [ours] = [s for s in daemon_segments(daemon) if s["segment"] == te.get_segment_name()]
-    assert ours["attached_connections"] == 1
+    assert eventually(lambda: [s["attached_connections"] for s in daemon_segments(daemon)
+                               if s["segment"] == te.get_segment_name()] == [1])
 
 
 def test_a_client_that_exits_releases_its_segment(daemon):
@@ -307,10 +316,7 @@ def test_a_client_that_exits_releases_its_segment(daemon):
         assert segment["segment"] == driver.segment and segment["pid"] == driver.process.pid
         driver.process.kill()  # no goodbye: the connection just closes
         driver.process.wait()
-        for _ in range(200):
-            if not daemon_segments(daemon):
-                break
-        assert daemon_segments(daemon) == []
+        assert eventually(lambda: daemon_segments(daemon) == [])
         host, port = driver.segment.rsplit(":", 1)
         for listener in (int(port), segment["data_port"]):
             with pytest.raises(ConnectionRefusedError):
