@@ -7,7 +7,6 @@ client that exits, threads sharing one engine."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import socket
