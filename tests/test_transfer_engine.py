@@ -275,6 +275,9 @@ def test_threads_share_one_engine(engine, peer, daemon):
     memory.write(0, data)
     errors: list = []
     piece = OUR_BYTES // 8
+    # Every thread stays alive until the attached connections are counted: a thread's first
+    # call closes the connections of threads that have ended.
+    done, counted = threading.Barrier(9), threading.Event()
 
     def work(i: int) -> None:
         at = i * piece
@@ -285,19 +288,25 @@ def test_threads_share_one_engine(engine, peer, daemon):
                                              [peer.address + at], [piece])
         if batch == 0 or te.get_batch_transfer_status([batch]) != 0:
             errors.append(("read", i))
+        done.wait(300)  # bounds a hang, asserts nothing
+        counted.wait(300)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        done.wait(300)
+        # Each thread has a connection of its own, attached to the one segment.
+        [ours] = [s for s in daemon_segments(daemon) if s["segment"] == te.get_segment_name()]
+    finally:
+        counted.set()
+        for thread in threads:
+            thread.join()
     assert errors == []
-    assert peer.dump(0, OUR_BYTES) == data
-    assert memory.read(0, OUR_BYTES) == data
-    # Each thread had a connection of its own, attached to the one segment.
-    [ours] = [s for s in daemon_segments(daemon) if s["segment"] == te.get_segment_name()]
     assert ours["attached_connections"] == 8
     assert ours["requests_completed"] == 16 and ours["requests_failed"] == 0
+    assert peer.dump(0, OUR_BYTES) == data
+    assert memory.read(0, OUR_BYTES) == data
     # A thread started after those ended closes their connections on its first call.
     late = threading.Thread(target=lambda: errors.append(te.send_probe(peer.segment)))
     late.start()
