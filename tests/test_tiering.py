@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import random
 
@@ -447,4 +448,37 @@ def test_status_reports_both_tiers(tmp_path):
             assert tiers["ssd"]["disk_only_objects"] >= 1
             assert tiers["ssd"]["objects"] >= tiers["ssd"]["disk_only_objects"]
             assert tiers["offload"]["done"] >= 1 and tiers["eviction"]["to_disk"] >= 1
+    run(main())
+
+
+def test_mooncakectl_tiers_and_the_metrics_show_both_tiers(tmp_path):
+    from click.testing import CliRunner
+    from prometheus_client import generate_latest
+
+    from mooncaked import ctl
+    from mooncaked.daemon.metrics import make_registry
+
+    async def main():
+        async with Harness(tmp_path) as h:
+            values = await h.fill(30)
+            key = next(k for k in values if disk_only(h, k))
+            assert await h.tcp.get(key) == values[key]
+            address = f"unix:{h.config.server.unix_socket}"
+            loop = asyncio.get_running_loop()
+            runner = CliRunner()
+            table = await loop.run_in_executor(None, lambda: runner.invoke(
+                ctl.cli, ["-a", address, "tiers", "--interval", "0"]))
+            assert table.exit_code == 0, table.output
+            assert "ssd" in table.output and "offload:" in table.output
+            as_json = await loop.run_in_executor(None, lambda: runner.invoke(
+                ctl.cli, ["-a", address, "-o", "json", "tiers", "--interval", "0.05"]))
+            assert as_json.exit_code == 0, as_json.output
+            data = json.loads(as_json.output)
+            assert data["ssd"]["hits"] >= 1 and data["offload"]["done"] >= 1
+            assert "offloads/s" in data["rates_per_s"]
+            text = generate_latest(make_registry(h.daemon)).decode()
+            assert 'mooncaked_tier_hits_total{tier="ssd"}' in text
+            assert 'mooncaked_tier_used_bytes{tier="dram"}' in text
+            assert "mooncaked_ssd_offloads_total" in text
+            assert "mooncaked_evicted_without_offload_objects_total 0.0" in text
     run(main())

@@ -431,8 +431,9 @@ class Tiering:
 
     # -- reports --------------------------------------------------------------------------------
 
-    def status(self) -> dict:
-        """The `tiers` block of status (and `mooncakectl tiers`)."""
+    def status(self, latency: bool = False) -> dict:
+        """The `tiers` block of status (and `mooncakectl tiers`); `latency`: with the disk
+        tier's latency histograms (for metrics)."""
         state = self.master.state
         stats = self.stats
         disk_objects = disk_bytes = disk_only = dram_objects = 0
@@ -453,7 +454,7 @@ class Tiering:
             "dram": {"capacity_bytes": state.capacity_bytes(), "used_bytes": state.used_bytes(),
                      "objects": dram_objects, "hits": stats.dram_hits},
             "ssd": {**{k: v for k, v in tier_status.items()
-                       if not k.endswith("_latency_us")},
+                       if latency or not k.endswith("_latency_us")},
                     "objects": disk_objects, "object_bytes": disk_bytes,
                     "disk_only_objects": disk_only, "hits": stats.ssd_hits,
                     "misses": stats.ssd_misses, "reads_in_flight": self._reads_in_flight,
