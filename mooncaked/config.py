@@ -490,6 +490,10 @@ def _check_relations(config: Config, path: str) -> None:
     if store.soft_pin_ttl_ms > store.max_soft_pin_ttl_ms:
         raise ConfigError(f"{path}: [store] soft_pin_ttl_ms must not exceed max_soft_pin_ttl_ms")
     ssd = config.ssd
+    if ssd.enabled and config.cluster.enabled:
+        raise ConfigError(f"{path}: [ssd] enabled is not supported with [cluster] enabled yet "
+                          "(a cluster node's reads cannot reach a value on another node's "
+                          "disk); set it to false")
     if ssd.enabled and ssd.offload_watermark_ratio >= store.eviction_high_watermark_ratio:
         raise ConfigError(f"{path}: [ssd] offload_watermark_ratio = "
                           f"{ssd.offload_watermark_ratio} must be below [store] "

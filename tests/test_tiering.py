@@ -482,3 +482,41 @@ def test_mooncakectl_tiers_and_the_metrics_show_both_tiers(tmp_path):
             assert "mooncaked_ssd_offloads_total" in text
             assert "mooncaked_evicted_without_offload_objects_total 0.0" in text
     run(main())
+
+
+@pytest.mark.parametrize("sections, words", [
+    ({"ssd": {"enabled": True, "offload_watermark_ratio": 0.95}}, "offload_watermark_ratio"),
+    ({"ssd": {"enabled": True}, "cluster": {"enabled": True, "node_id": 1}}, "[cluster]"),
+    ({"ssd": {"promote_threshold": 0}}, "promote_threshold"),
+    ({"ssd": {"offload_bytes_in_flight": 1}}, "offload_bytes_in_flight"),
+])
+def test_bad_policy_keys_are_refused_naming_the_key(sections, words):
+    with pytest.raises(config_module.ConfigError) as info:
+        config_module.from_dict(sections, "x.toml")
+    assert words in str(info.value) and "x.toml" in str(info.value)
+
+
+def test_get_into_and_batch_get_into_of_local_clients_read_disk_only_values(tmp_path):
+    async def main():
+        async with Harness(tmp_path, promote=False) as h:
+            values = await h.fill(30)
+            cold = [k for k in values if disk_only(h, k)][:4]
+            warm = list(values)[-2:]
+            keys = cold + warm + ["missing"]
+            buffers = [ctypes.create_string_buffer(VALUE_BYTES) for _ in keys]
+            sizes = await h.local.batch_get_into(keys, [ctypes.addressof(b) for b in buffers],
+                                                 [VALUE_BYTES] * len(keys))
+            assert sizes[:-1] == [VALUE_BYTES] * (len(keys) - 1)
+            assert sizes[-1] == int(ErrorCode.OBJECT_NOT_FOUND)
+            for key, buffer in zip(keys[:-1], buffers):
+                assert buffer.raw == values[key], key
+            one = ctypes.create_string_buffer(VALUE_BYTES)
+            assert await h.local.get_into_address(cold[0], ctypes.addressof(one),
+                                                  VALUE_BYTES) == VALUE_BYTES
+            assert one.raw == values[cold[0]]
+            # A batch over the socket mixing both tiers and a corrupt record.
+            h.tier.corrupt.add(("default", cold[1]))
+            got = await h.tcp.batch_get([cold[0], cold[1], warm[0]])
+            assert got == [values[cold[0]], None, values[warm[0]]]
+            h.state.check_invariants()
+    run(main())
