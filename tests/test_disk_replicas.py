@@ -187,3 +187,16 @@ def test_disk_commands_with_bad_fields_are_refused_by_the_codec():
     with pytest.raises(ValueError):
         codec.decode(msgpack.packb([22, ["ns", "k"], 1, 2, 0, 3]))
     assert codec.TAGS[c.AddDiskReplica] == 22 and codec.TAGS[c.DropDiskReplica] == 23
+
+
+def test_objects_being_written_to_disk_are_evicted_last_when_nothing_else_frees_enough():
+    master = new_master(capacity=8 * 1024)
+    master.tiered = True
+    keys = [("ns", f"k{i}") for i in range(8)]
+    for i, key in enumerate(keys):
+        put(master, key, size=1024, now=i, writer=i + 1)
+    master.offloading.update(keys)
+    chosen = master.choose_evictions(10_000, need_bytes=2048)
+    assert chosen == keys[:2]  # a put is not refused while values are written to disk
+    master.offloading.difference_update(keys[4:])
+    assert master.choose_evictions(10_000, need_bytes=2048) == keys[4:6]

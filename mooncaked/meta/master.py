@@ -168,8 +168,13 @@ class MasterPolicy:
                                          pool)
         freed += self._select(now_ms, chosen, target_bytes - freed, over_objects, False, pool)
         if freed < lower_bytes or len(chosen) < over_objects:
+            freed += self._select(now_ms, chosen, target_bytes - freed,
+                                  over_objects - len(chosen), True, pool)
+        if self.offloading and (freed < lower_bytes or len(chosen) < over_objects):
+            # Last, objects being written to disk: the write goes on from its own copy of the
+            # value, and is discarded when it ends (the object is gone by then).
             self._select(now_ms, chosen, target_bytes - freed, over_objects - len(chosen),
-                         True, pool)
+                         None, pool)
         return chosen
 
     def _select_offloaded(self, now_ms: int, chosen: list, want_bytes: int,
@@ -194,8 +199,8 @@ class MasterPolicy:
         return freed
 
     def _evictable(self, key: c.ObjectKey, entry) -> bool:
-        """Whether eviction may take the object's DRAM replicas at all (hard pins apart): it
-        has some, and is not being written to disk."""
+        """Whether eviction may take the object's DRAM replicas in its usual passes (hard
+        pins apart): it has some, and is not being written to disk."""
         return entry.complete.replicas and key not in self.offloading
 
     def _select_over_quota(self, now_ms: int, chosen: list, want_bytes: int,
@@ -228,7 +233,10 @@ class MasterPolicy:
         return freed
 
     def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
-                soft_pinned: bool, pool: str | None) -> int:
+                soft_pinned: bool | None, pool: str | None) -> int:
+        """Oldest lease first, objects soft-pinned or not (`soft_pinned`); None: objects
+        being written to disk, pinned or not."""
+        offloading = self.offloading
         objects = self.state.objects
         pool_of = self.state.pool_of
         taken = set(chosen)
@@ -242,9 +250,12 @@ class MasterPolicy:
                 continue
             entry = objects.get(key)
             if entry is None or entry.complete is None or entry.hard_pin \
-                    or not self._evictable(key, entry):
+                    or not entry.complete.replicas:
                 continue
-            if entry.soft_pinned(now_ms) != soft_pinned:
+            if soft_pinned is None:
+                if key not in offloading:
+                    continue
+            elif key in offloading or entry.soft_pinned(now_ms) != soft_pinned:
                 continue
             chosen.append(key)
             freed += entry.complete.size_bytes * len(entry.complete.replicas)
