@@ -135,10 +135,12 @@ class DiskTier:
         self.drops += 1
 
     def pin(self, locator: Locator) -> None:
+        self._record(locator)  # KeyError when gone, as the real tier
         self.pins[locator] = self.pins.get(locator, 0) + 1
 
     def unpin(self, locator: Locator) -> None:
-        self.pins[locator] -= 1
+        if self.pins.get(locator):
+            self.pins[locator] -= 1
 
     def live(self) -> dict:
         return {(ns, key): data for ns, key, _, data, live in self.storage.records.values()

@@ -324,8 +324,6 @@ def test_reclaim_drops_the_copies_and_disk_only_objects_go(tmp_path):
 def test_a_full_disk_stops_offloading_and_eviction_drops_as_before(tmp_path):
     async def main():
         async with Harness(tmp_path, capacity_bytes=8 * VALUE_BYTES) as h:
-            h.tier.pin(ssd_fake.Locator(0, 0, 0, 0))  # nothing to pin yet: no effect
-            h.tier.fail_writes = False
             # Every region pinned: nothing can be reclaimed.
             h.tier.pins = _AllPinned()
             values = await _fill_fast(h, 30)
@@ -518,5 +516,26 @@ def test_get_into_and_batch_get_into_of_local_clients_read_disk_only_values(tmp_
             h.tier.corrupt.add(("default", cold[1]))
             got = await h.tcp.batch_get([cold[0], cold[1], warm[0]])
             assert got == [values[cold[0]], None, values[warm[0]]]
+            h.state.check_invariants()
+    run(main())
+
+
+def test_a_record_the_tier_no_longer_holds_is_a_miss_for_every_read_method(tmp_path):
+    async def main():
+        async with Harness(tmp_path) as h:
+            values = await h.fill(30)
+            lost = [k for k in values if disk_only(h, k)][:3]
+            for key in lost:
+                disk = h.version(key).disk
+                h.storage.records[disk.region][4] = False  # gone below the metadata
+            with pytest.raises(MooncakedError) as info:
+                await h.tcp.get(lost[0])
+            assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+            with pytest.raises(MooncakedError) as info:
+                await h.local.get(lost[1])
+            assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+            assert await h.tcp.batch_get([lost[2]]) == [None]
+            assert all(h.version(k) is None for k in lost)
+            assert not any(k[0] == c.RESERVED_NAMESPACE for k in h.state.objects)
             h.state.check_invariants()
     run(main())

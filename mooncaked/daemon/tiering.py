@@ -360,19 +360,32 @@ class Tiering:
         return MooncakedError(ErrorCode.OBJECT_NOT_FOUND,
                               "no such object (its disk copy could not be read)")
 
-    async def _read_into_range(self, key, version, reserved_key, replica) -> None:
+    async def _read_pinned(self, key, version, read):
+        """`read(locator)` of the version's disk copy, its record pinned meanwhile (reclaim
+        never reuses its space mid-read). A record gone, corrupt or unreadable: the copy is
+        dropped and the read is a miss (OBJECT_NOT_FOUND)."""
         locator = self._locator(version.disk)
-        self.tier.pin(locator)
+        try:
+            self.tier.pin(locator)
+        except KeyError as exc:  # reclaimed or dropped meanwhile
+            raise self._lost(key, version, exc) from None
         self._reads_in_flight += 1
         try:
-            await self.tier.read_into(locator, self.daemon.replica_view(replica,
-                                                                        version.size_bytes))
+            return await read(locator)
         except (KeyError, self.api.DiskIOError) as exc:
-            self._release_reserved(reserved_key, 0)
             raise self._lost(key, version, exc) from None
         finally:
             self._reads_in_flight -= 1
             self.tier.unpin(locator)
+
+    async def _read_into_range(self, key, version, reserved_key, replica) -> None:
+        dest = self.daemon.replica_view(replica, version.size_bytes)
+        try:
+            await self._read_pinned(key, version,
+                                    lambda locator: self.tier.read_into(locator, dest))
+        except BaseException:
+            self._release_reserved(reserved_key, 0)  # nothing was answered from it
+            raise
 
     def _promote(self, key, version, reserved_key) -> bool:
         """Make the range just read the version's DRAM replica (AddReplicas); False when the
@@ -396,22 +409,12 @@ class Tiering:
             reserved_key, replica = self._reserve(key, size)
             if reserved_key is not None:
                 await self._read_into_range(key, version, reserved_key, replica)
-                if not self._promote(key, version, reserved_key):
-                    # Released at the lease's end: the reply may still be sending it.
-                    pass
+                # Not promoted (the version changed meanwhile): the range is released at the
+                # lease's end, after the reply has been sent from it.
+                self._promote(key, version, reserved_key)
                 return self.daemon.replica_view(replica, size)
             self.stats.promotions_skipped += 1
-        locator = self._locator(version.disk)
-        self.tier.pin(locator)
-        self._reads_in_flight += 1
-        try:
-            data = await self.tier.read(locator)
-        except (KeyError, self.api.DiskIOError) as exc:
-            raise self._lost(key, version, exc) from None
-        finally:
-            self._reads_in_flight -= 1
-            self.tier.unpin(locator)
-        return data
+        return await self._read_pinned(key, version, self.tier.read)
 
     async def read_shared(self, key: c.ObjectKey, version) -> tuple:
         """A disk-only version read into a DRAM range a local client maps: (replica, size).
