@@ -35,7 +35,8 @@ def make_config(tmp_path, **ssd) -> config_module.Config:
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
     ssd_section = {"enabled": True, "directory": str(tmp_path / "ssd"),
-                   "capacity_bytes": 64 << 20, **ssd}
+                   "capacity_bytes": 64 << 20, "region_bytes": 64 << 10,
+                   "file_bytes": 1 << 20, **ssd}
     return config_module.from_dict({
         "server": {"tcp_port": 0, "unix_socket": str(tmp_path / "d.sock")},
         "segments": {"size_bytes": SEGMENT_BYTES, "shm_dir": str(shm)},

@@ -170,8 +170,8 @@ class Tiering:
                 break
             entry = objects.get(key)
             version = entry.complete if entry is not None else None
-            if version is None or not version.replicas:
-                continue
+            if version is None or not version.replicas or entry.hard_pin:
+                continue  # a hard-pinned value is never evicted: no need to offload it
             dram_bytes = version.size_bytes * len(version.replicas)
             if version.disk is not None or key in self.offloads:
                 covered += dram_bytes

@@ -1642,7 +1642,7 @@ class StateMachine:
             # replicas they have count as the ones asked for. Five before disk copies.
             if type(value) is tuple and len(value) == 4:
                 value = value + (len(value[3]) if type(value[3]) is tuple else 0,)
-            if top["format"] < 5 and type(value) is tuple and len(value) == 5:
+            if type(value) is tuple and len(value) == 5:
                 value = value + (None,)
             size_bytes, writer_id, started_ms, replicas, replica_num, disk_row = \
                 row(value, 6, what)
