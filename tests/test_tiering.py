@@ -540,3 +540,26 @@ def test_a_record_the_tier_no_longer_holds_is_a_miss_for_every_read_method(tmp_p
             assert not any(k[0] == c.RESERVED_NAMESPACE for k in h.state.objects)
             h.state.check_invariants()
     run(main())
+
+
+def test_a_write_through_upsert_of_a_key_being_written_waits_for_that_write(tmp_path):
+    async def main():
+        async with Harness(tmp_path) as h:
+            through = ReplicateConfig(write_through=True)
+            h.tier.gate = asyncio.Event()
+            assert await h.tcp.put("k", b"old" * 100, through)
+            for _ in range(100):
+                await asyncio.sleep(0.005)
+                if ("default", "k") in h.daemon.tiering.offloads:
+                    break
+            upsert = asyncio.ensure_future(h.tcp.upsert("k", b"new" * 100, through))
+            await asyncio.sleep(0.05)
+            assert not upsert.done()  # the old value's write is in flight
+            h.tier.gate.set()
+            await upsert
+            for _ in range(200):
+                await asyncio.sleep(0.005)
+                if h.version("k").disk is not None:
+                    break
+            assert h.tier.live() == {("default", "k"): b"new" * 100}
+    run(main())

@@ -145,14 +145,8 @@ class Tiering:
             for _, version in self._take_released():
                 if self._own_copy(version):
                     self._drop_later(self._locator(version.disk))
-        budget = self.config.offload_bytes_in_flight
-        if self.full:
-            budget = 1  # a probe: one write shows whether space came back
-        while self.write_through_queue and self.offload_bytes_in_flight < budget:
-            key = next(iter(self.write_through_queue))
-            del self.write_through_queue[key]
-            if self._start_offload(key):
-                self.stats.write_throughs += 1
+        self._pump_write_through()
+        budget = self._budget()
         state = self.master.state
         capacity = state.capacity_bytes()
         if capacity == 0:
@@ -183,11 +177,22 @@ class Tiering:
         loop = asyncio.get_running_loop()
         loop.call_soon(self._pump_write_through)
 
+    def _budget(self) -> int:
+        """Bytes that may be in flight now: while the tier is full, one write at a time (a
+        probe shows whether space came back)."""
+        return 1 if self.full else self.config.offload_bytes_in_flight
+
     def _pump_write_through(self) -> None:
-        budget = 1 if self.full else self.config.offload_bytes_in_flight
-        while self.write_through_queue and self.offload_bytes_in_flight < budget:
-            key = next(iter(self.write_through_queue))
-            del self.write_through_queue[key]
+        """Start the queued write-through writes the budget allows, in order. A key whose
+        earlier version is still being written waits for that write to end."""
+        queue = self.write_through_queue
+        budget = self._budget()
+        for key in list(queue):
+            if self.offload_bytes_in_flight >= budget:
+                break
+            if key in self.offloads:
+                continue
+            del queue[key]
             if self._start_offload(key):
                 self.stats.write_throughs += 1
 
@@ -253,6 +258,8 @@ class Tiering:
             log.exception("offloading %r", key)
         finally:
             self.offloads.pop(key, None)
+            if self.write_through_queue:
+                self._pump_write_through()
 
     # -- removal --------------------------------------------------------------------------------
 
