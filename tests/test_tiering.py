@@ -31,7 +31,7 @@ SEGMENT_BYTES = 1 << 20
 VALUE_BYTES = 64 * 1024
 
 
-def make_config(tmp_path, **ssd) -> config_module.Config:
+def make_config(tmp_path, lease_ttl_ms=50, **ssd) -> config_module.Config:
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
     ssd_section = {"enabled": True, "directory": str(tmp_path / "ssd"),
@@ -40,7 +40,7 @@ def make_config(tmp_path, **ssd) -> config_module.Config:
     return config_module.from_dict({
         "server": {"tcp_port": 0, "unix_socket": str(tmp_path / "d.sock")},
         "segments": {"size_bytes": SEGMENT_BYTES, "shm_dir": str(shm)},
-        "store": {"eviction_interval_ms": 5, "lease_ttl_ms": 50},
+        "store": {"eviction_interval_ms": 5, "lease_ttl_ms": lease_ttl_ms},
         "metrics": {"enabled": False},
         "ssd": ssd_section,
     })
@@ -49,8 +49,8 @@ def make_config(tmp_path, **ssd) -> config_module.Config:
 class Harness:
     """A daemon over the fake disk tier, and a TCP and a Unix socket client."""
 
-    def __init__(self, tmp_path, storage=None, **ssd) -> None:
-        self.config = make_config(tmp_path, **ssd)
+    def __init__(self, tmp_path, storage=None, lease_ttl_ms=50, **ssd) -> None:
+        self.config = make_config(tmp_path, lease_ttl_ms, **ssd)
         ssd_fake.DiskTier.storage = storage or ssd_fake.Storage(
             self.config.ssd.capacity_bytes)
         self.storage = ssd_fake.DiskTier.storage
@@ -562,4 +562,18 @@ def test_a_write_through_upsert_of_a_key_being_written_waits_for_that_write(tmp_
                 if h.version("k").disk is not None:
                     break
             assert h.tier.live() == {("default", "k"): b"new" * 100}
+    run(main())
+
+
+def test_a_read_lease_holds_a_disk_only_value_against_reclaim(tmp_path):
+    async def main():
+        async with Harness(tmp_path, lease_ttl_ms=60_000,
+                           capacity_bytes=12 * VALUE_BYTES) as h:
+            values = await h.fill(20)
+            held = next(k for k in values if disk_only(h, k))
+            assert await h.tcp.exists(held)  # a lease: its record is pinned
+            more = await h.fill(40, prefix="more")
+            assert h.tier.reclaimed > 0
+            assert await h.tcp.get(held) == values[held]
+            del more
     run(main())

@@ -176,6 +176,8 @@ def _leased_version(conn, key, now_ms: int):
     version = conn.daemon.master.get(key, now_ms)
     if version is None:
         raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    if not version.replicas:  # on disk only: the lease holds its record (daemon/tiering.py)
+        conn.daemon.tiering.hold(key, version)
     return version
 
 
@@ -199,7 +201,17 @@ async def _disk_get(daemon, key, version) -> Reply:
 def handle_exists(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[key]")
     daemon = conn.daemon
-    return _TRUE if daemon.master.exists(_key(conn, params[0]), daemon.now_ms()) else _FALSE
+    return _TRUE if _exists(daemon, _key(conn, params[0]), daemon.now_ms()) else _FALSE
+
+
+def _exists(daemon, key, now_ms: int) -> bool:
+    """Whether the key is readable, under a read lease (on disk only: its record held)."""
+    version = daemon.master.get(key, now_ms)
+    if version is None:
+        return False
+    if not version.replicas:
+        daemon.tiering.hold(key, version)
+    return True
 
 
 def handle_get_size(conn, params: list, payload_length: int) -> Reply:
@@ -290,6 +302,7 @@ def handle_batch_get(conn, params: list, payload_length: int) -> Reply:
         if version is None:
             results.append(int(ErrorCode.OBJECT_NOT_FOUND))
         elif not version.replicas:  # on disk only: read below
+            daemon.tiering.hold(key, version)
             on_disk.append((len(results), len(pieces), key, version))
             results.append(version.size_bytes)
             pieces.append(None)
@@ -322,8 +335,8 @@ def handle_batch_exists(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[keys]")
     keys = _keys(conn, params[0])
     daemon = conn.daemon
-    exists, now_ms = daemon.master.exists, daemon.now_ms()
-    return Reply([1 if exists(key, now_ms) else 0 for key in keys])
+    now_ms = daemon.now_ms()
+    return Reply([1 if _exists(daemon, key, now_ms) else 0 for key in keys])
 
 
 def handle_batch_remove(conn, params: list, payload_length: int) -> Reply:

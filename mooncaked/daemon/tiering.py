@@ -90,6 +90,9 @@ class Tiering:
         self.full = False  # the last write found the tier full: one probe per sweep
         self._drops: set[asyncio.Task] = set()
         self._reads_in_flight = 0
+        # Disk-only values under a read lease: their record pinned until the lease ends
+        # (reclaim skips its region), as a lease holds a value in DRAM against eviction.
+        self.leased: dict[c.ObjectKey, tuple] = {}  # key -> (locator, lease end)
         # Reserved DRAM for disk reads is taken under this writer id (a connection id no
         # client has) and RESERVED_NAMESPACE keys of this name.
         self.writer_id = daemon.next_connection_id()
@@ -127,6 +130,26 @@ class Tiering:
         self.stats.recovered = recovered
         return recovered
 
+    def hold(self, key: c.ObjectKey, version) -> None:
+        """A read lease was granted on a value on disk only: pin its record until the lease
+        ends (`sweep` unpins)."""
+        held = self.leased.get(key)
+        locator = self._locator(version.disk)
+        if held is not None and held[0] != locator:
+            self.tier.unpin(held[0])
+            held = None
+        if held is None:
+            try:
+                self.tier.pin(locator)
+            except KeyError:
+                return  # gone below the metadata: the read finds out
+        self.leased[key] = (locator, self.master.lease_end_ms(key))
+
+    def _release_leases(self, now_ms: int) -> None:
+        for key in [k for k, (_, until) in self.leased.items() if until <= now_ms]:
+            locator, _ = self.leased.pop(key)
+            self.tier.unpin(locator)
+
     async def close(self) -> None:
         """Let writes and drops in flight finish (their records stay consistent with what was
         answered), then close the tier."""
@@ -145,6 +168,8 @@ class Tiering:
             for _, version in self._take_released():
                 if self._own_copy(version):
                     self._drop_later(self._locator(version.disk))
+        if self.leased:
+            self._release_leases(now_ms)
         self._pump_write_through()
         budget = self._budget()
         state = self.master.state
