@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import mmap
 import time
 
 from mooncaked.daemon.admission import CountMinSketch
@@ -87,7 +88,9 @@ class Tiering:
         self.offloads: dict[c.ObjectKey, asyncio.Task] = {}
         self.offload_bytes_in_flight = 0
         self.write_through_queue: dict[c.ObjectKey, None] = {}  # keys, in order
-        self.full = False  # the last write found the tier full: one probe per sweep
+        # The last write found the tier full, or failed: one write at a time until one works.
+        self.full = False
+        self.failing = False
         self._drops: set[asyncio.Task] = set()
         self._reads_in_flight = 0
         # Disk-only values under a read lease: their record pinned until the lease ends
@@ -203,9 +206,9 @@ class Tiering:
         loop.call_soon(self._pump_write_through)
 
     def _budget(self) -> int:
-        """Bytes that may be in flight now: while the tier is full, one write at a time (a
-        probe shows whether space came back)."""
-        return 1 if self.full else self.config.offload_bytes_in_flight
+        """Bytes that may be in flight now: while the tier is full or its writes fail, one
+        write at a time (a probe shows whether it takes writes again)."""
+        return 1 if self.full or self.failing else self.config.offload_bytes_in_flight
 
     def _pump_write_through(self) -> None:
         """Start the queued write-through writes the budget allows, in order. A key whose
@@ -234,7 +237,8 @@ class Tiering:
         if memory is None or not self.tier.fits(key[0], key[1], version.size_bytes):
             return False
         size = version.size_bytes
-        copy = bytearray(size)
+        # Page-aligned memory: the disk tier writes an aligned value from it directly.
+        copy = memoryview(mmap.mmap(-1, size))
         copy[:] = self.daemon.replica_view(version.replicas[0], size)
         self.master.offloading.add(key)
         self.offload_bytes_in_flight += size
@@ -246,13 +250,13 @@ class Tiering:
         self._last_disk_version = max(self._last_disk_version + 1, time.time_ns())
         return self._last_disk_version
 
-    async def _offload(self, key: c.ObjectKey, version, copy: bytearray) -> None:
+    async def _offload(self, key: c.ObjectKey, version, copy: memoryview) -> None:
         size = version.size_bytes
         api = self.api
         try:
             try:
                 locator = await self.tier.write(key[0], key[1], self._next_disk_version(),
-                                                [memoryview(copy)])
+                                                [copy])
             except api.DiskFull:
                 self.stats.disk_full += 1
                 if not self.full:
@@ -261,15 +265,17 @@ class Tiering:
                 return
             except api.DiskIOError as exc:
                 self.stats.offload_failures += 1
-                log.warning("writing %r to the disk tier failed (it stays in DRAM): %s",
-                            key, exc)
+                if not self.failing:
+                    log.warning("writing %r to the disk tier failed (it stays in DRAM): %s; "
+                                "one write at a time until one succeeds", key, exc)
+                self.failing = True
                 return
             finally:
                 self.offload_bytes_in_flight -= size
                 self.master.offloading.discard(key)
-            if self.full:
-                log.info("the disk tier has space again: offloading resumes")
-                self.full = False
+            if self.full or self.failing:
+                log.info("the disk tier takes writes again: offloading resumes")
+                self.full = self.failing = False
             applied = self.master.propose(c.AddDiskReplica(
                 key, version.writer_id, version.started_ms, self.node_id, locator.region,
                 locator.offset, size, locator.version))
@@ -492,6 +498,7 @@ class Tiering:
                        if latency or not k.endswith("_latency_us")},
                     "objects": disk_objects, "object_bytes": disk_bytes,
                     "disk_only_objects": disk_only, "hits": stats.ssd_hits,
+                    "failing": self.failing,
                     "misses": stats.ssd_misses, "reads_in_flight": self._reads_in_flight,
                     "evictions": stats.ssd_evictions, "reclaimed_copies": stats.reclaimed_copies,
                     "drops": stats.drops, "recovered": stats.recovered,
