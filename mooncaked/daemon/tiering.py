@@ -452,7 +452,11 @@ class Tiering:
                 self._promote(key, version, reserved_key)
                 return self.daemon.replica_view(replica, size)
             self.stats.promotions_skipped += 1
-        return await self._read_pinned(key, version, self.tier.read)
+        # Page-aligned memory the disk reads into directly, sent from as it is.
+        dest = memoryview(mmap.mmap(-1, size))
+        await self._read_pinned(key, version,
+                                lambda locator: self.tier.read_into(locator, dest))
+        return dest
 
     async def read_shared(self, key: c.ObjectKey, version) -> tuple:
         """A disk-only version read into a DRAM range a local client maps: (replica, size).
