@@ -61,8 +61,7 @@ def settled(client) -> bool:
     if offload["in_flight"] or offload["queued_write_through"]:
         return False
     dram = status["tiers"]["dram"]
-    return dram["used_bytes"] <= 0.7 * dram["capacity_bytes"] or \
-        status["tiers"]["ssd"]["objects"] >= dram["objects"]
+    return dram["bytes_without_disk_copy"] <= 0.7 * dram["capacity_bytes"]
 
 
 def fill(client, count: int, prefix: str = "v", seed: int = 1) -> dict:

@@ -88,13 +88,9 @@ class Harness:
             await asyncio.sleep(0.002)
             if tiering.offloads:
                 continue
-            state = self.state
-            allowed = self.config.ssd.offload_watermark_ratio * state.capacity_bytes()
-            undone = sum(v.size_bytes * len(v.replicas) for v in
-                         (e.complete for e in state.objects.values())
-                         if v is not None and v.disk is None)
-            if state.used_bytes() - (state.used_bytes() - undone) <= allowed \
-                    or state.used_bytes() <= allowed:
+            dram = tiering.status()["dram"]
+            allowed = self.config.ssd.offload_watermark_ratio * dram["capacity_bytes"]
+            if dram["bytes_without_disk_copy"] <= allowed:
                 return
         raise AssertionError("offloading did not settle")
 

@@ -481,13 +481,16 @@ class Tiering:
         tier's latency histograms (for metrics)."""
         state = self.master.state
         stats = self.stats
-        disk_objects = disk_bytes = disk_only = dram_objects = 0
+        disk_objects = disk_bytes = disk_only = dram_objects = dram_only = dram_only_bytes = 0
         for entry in state.objects.values():
             version = entry.complete
             if version is None:
                 continue
             if version.replicas:
                 dram_objects += 1
+                if version.disk is None:
+                    dram_only += 1
+                    dram_only_bytes += version.size_bytes * len(version.replicas)
             if version.disk is not None and version.disk.node_id == self.node_id:
                 disk_objects += 1
                 disk_bytes += version.size_bytes
@@ -497,7 +500,8 @@ class Tiering:
         tier_status = self.tier.status()
         return {
             "dram": {"capacity_bytes": state.capacity_bytes(), "used_bytes": state.used_bytes(),
-                     "objects": dram_objects, "hits": stats.dram_hits},
+                     "objects": dram_objects, "objects_without_disk_copy": dram_only,
+                     "bytes_without_disk_copy": dram_only_bytes, "hits": stats.dram_hits},
             "ssd": {**{k: v for k, v in tier_status.items()
                        if latency or not k.endswith("_latency_us")},
                     "objects": disk_objects, "object_bytes": disk_bytes,
