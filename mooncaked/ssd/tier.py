@@ -257,14 +257,14 @@ class DiskTier:
 
     async def read(self, locator: Locator) -> bytes:
         """The value as bytes (for socket replies); raises as read_into does."""
+        if locator not in self._index:
+            raise KeyError(locator)
         size = locator.size_bytes
+        # Page-aligned: whole blocks are read into it directly. Freed with its last view.
         buffer = mmap.mmap(-1, max(pad_to_block(size, self._block), self._block))
-        try:
-            with memoryview(buffer) as view:
-                await self.read_into(locator, view[:size])
-                return bytes(view[:size])
-        finally:
-            buffer.close()
+        view = memoryview(buffer)[:size]
+        await self.read_into(locator, view)
+        return bytes(view)
 
     async def drop(self, locator: Locator) -> None:
         """Marks the record DEAD on disk (durable when it returns); a restart never brings
@@ -455,7 +455,7 @@ class DiskTier:
                 await self._opening
                 continue
             if not self._free:
-                if not await self._reclaim_one():
+                if not await self._reclaim_one(1):
                     raise DiskFull(
                         f"disk tier full: all {self._layout.regions} regions hold pinned, "
                         "busy or failed records")
@@ -509,20 +509,20 @@ class DiskTier:
     async def _reclaim_background(self) -> None:
         try:
             while len(self._free) < self._config.reclaim_free_regions and not self._closed:
-                if not await self._reclaim_one():
+                if not await self._reclaim_one(self._config.reclaim_free_regions):
                     break
         except Exception:
             log.exception("ssd: reclaim failed")
         finally:
             self._reclaim_task = None
 
-    async def _reclaim_one(self) -> bool:
-        """Reclaims the oldest sealed region that nothing holds: its live records go to
-        on_reclaim, then its header is erased (durably) and it is free. False when no region
-        can be reclaimed."""
+    async def _reclaim_one(self, free_wanted: int) -> bool:
+        """Reclaims the oldest sealed region that nothing holds, unless free_wanted regions
+        are free already: its live records go to on_reclaim, then its header is erased
+        (durably) and it is free. False when no region can be reclaimed."""
         async with self._reclaim_lock:
-            if self._free:
-                return True  # another reclaim (or a drop of the lock holder) made room
+            if len(self._free) >= free_wanted:
+                return True  # a reclaim that held the lock before us made the room
             candidates = [r for r in self._regions
                           if r.state is RegionState.SEALED and not r.busy]
             if not candidates:
