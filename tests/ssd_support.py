@@ -64,3 +64,8 @@ def file_system_type(path) -> str:
                     and len(mountpoint) >= len(best):
                 best, kind = mountpoint, fields[2]
     return kind
+
+
+def crash_value_size(number: int) -> int:
+    """Value size of record k<number> in the kill -9 test: 1 byte to ~64 KiB, varied."""
+    return 1 + number * 7919 % 65_000

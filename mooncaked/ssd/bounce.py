@@ -65,5 +65,8 @@ class BouncePool:
         return self._base + slot * self.slot_bytes
 
     def close(self) -> None:
-        self._view.release()
-        self._memory.close()
+        try:
+            self._view.release()
+            self._memory.close()
+        except BufferError:
+            pass  # a slot's view is still referenced (a traceback): freed with it
