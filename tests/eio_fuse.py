@@ -1,11 +1,12 @@
 """A FUSE file system for fault tests: passes through to a backing directory and answers EIO
-to chosen reads and writes.
+(or another errno) to chosen reads and writes.
 
     python tests/eio_fuse.py BACKING MOUNTPOINT FAULTS_JSON
 
 FAULTS_JSON names a file the tests rewrite while it runs (read again on every request):
-{"read": [[name, start, end], ...], "write": [[name, start, end], ...]}; a read or write of
-file `name` (relative to the root) overlapping bytes [start, end) fails with EIO. The mount
+{"read": [[name, start, end], ...], "write": [[name, start, end, "ENOSPC"], ...]}; a read or
+write of file `name` (relative to the root) overlapping bytes [start, end) fails with EIO, or
+with the errno named as a fourth item. The mount
 uses direct_io, so every request reaches this process (no page cache in between).
 Needs /dev/fuse, root, libfuse2 (Debian) and fusepy (PyPI).
 """
@@ -30,15 +31,16 @@ class EioPassthrough(Operations):
     def _path(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
 
-    def _faulty(self, kind: str, path: str, offset: int, size: int) -> bool:
+    def _fail_if_faulty(self, kind: str, path: str, offset: int, size: int) -> None:
         try:
             with open(self.faults_path) as f:
                 faults = json.load(f).get(kind, [])
         except (OSError, ValueError):
-            return False
+            return
         name = path.lstrip("/")
-        return any(name == entry[0] and offset < entry[2] and entry[1] < offset + size
-                   for entry in faults)
+        for entry in faults:
+            if name == entry[0] and offset < entry[2] and entry[1] < offset + size:
+                raise FuseOSError(getattr(errno, entry[3]) if len(entry) > 3 else errno.EIO)
 
     def getattr(self, path, fh=None):
         st = os.lstat(self._path(path))
@@ -77,13 +79,11 @@ class EioPassthrough(Operations):
         return os.open(self._path(path), flags)
 
     def read(self, path, size, offset, fh):
-        if self._faulty("read", path, offset, size):
-            raise FuseOSError(errno.EIO)
+        self._fail_if_faulty("read", path, offset, size)
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
-        if self._faulty("write", path, offset, len(data)):
-            raise FuseOSError(errno.EIO)
+        self._fail_if_faulty("write", path, offset, len(data))
         return os.pwrite(fh, data, offset)
 
     def flush(self, path, fh):

@@ -73,9 +73,11 @@ class EioFuse:
         os.replace(temporary, self.faults_path)
 
     def close(self) -> str:
-        _umount(self.mountpoint)
+        # Lazily: a failed test may leave files open on the mount; the file system process
+        # then ends once they are closed, or is killed below (and the mount goes with -l).
+        subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True)
         try:
-            output, _ = self.process.communicate(timeout=20)
+            output, _ = self.process.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
             output, _ = self.process.communicate()
@@ -164,6 +166,32 @@ def test_eio_on_write_of_a_value_fails_that_record_only(eio_fuse):
         await tier.close()
         tier = await DiskTier.open(config)
         assert {r.key for r in tier.recovered} == {"k0", "k2", "k3"}
+        await tier.close()
+
+    run(main())
+
+
+def test_enospc_on_write_is_disk_full_and_writes_resume_once_space_returns(eio_fuse):
+    directory = eio_fuse.mountpoint / "ssd"
+    config = ssd_config(directory)
+    size = 10_000
+
+    async def main():
+        tier = await DiskTier.open(config)
+        first = await tier.write("ns", "k0", 0, [memoryview(value_of("k0", size))])
+        following = type(first)(first.region, first.offset + record_bytes(size, BLOCK),
+                                size, 1)
+        eio_fuse.set_faults(write=[_file_range(config, following, BLOCK, BLOCK) + ["ENOSPC"]])
+        with pytest.raises(DiskFull):
+            await tier.write("ns", "k1", 1, [memoryview(value_of("k1", size))])
+        assert tier.status()["live_records"] == 1
+        eio_fuse.set_faults()
+        second = await tier.write("ns", "k2", 2, [memoryview(value_of("k2", size))])
+        assert await tier.read(second) == value_of("k2", size)
+        assert await tier.read(first) == value_of("k0", size)
+        await tier.close()
+        tier = await DiskTier.open(config)
+        assert {r.key for r in tier.recovered} == {"k0", "k2"}
         await tier.close()
 
     run(main())

@@ -609,3 +609,65 @@ def test_config_checks_of_the_ssd_section(tmp_path):
         load("[ssd]\nenabled = true\ncapacity_bytes = 134217728\n")
     loaded = load("[ssd]\nenabled = true\ncapacity_bytes = 1073741824\n")
     assert loaded.ssd.capacity_bytes == 1 << 30 and loaded.ssd.region_bytes == 64 * MIB
+
+
+def test_writes_of_a_region_are_acknowledged_in_offset_order():
+    """Recovery walks a region from its start, so a write is reported only once every
+    earlier write of its region is; a failed one that leaves no valid header fails the
+    writes after it."""
+    from mooncaked.ssd.regions import PendingWrite, Region
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        region = Region(0, 0, 0)
+        entries = [PendingWrite(f"r{i}", loop.create_future()) for i in range(5)]
+        region.pending.extend(entries)
+        written = []
+
+        def settle():
+            region.settle(lambda: OSError("behind a broken walk"), written.append)
+
+        entries[1].resolved = True          # the second finishes first: not reported yet
+        settle()
+        assert written == [] and not entries[1].final.done()
+        entries[0].resolved = True
+        settle()
+        assert written == ["r0", "r1"]
+        assert entries[0].final.result() is None and entries[1].final.result() is None
+        entries[2].error = OSError("EIO")   # failed, and its DEAD mark failed too
+        entries[2].walkable = False
+        entries[2].resolved = True
+        entries[3].resolved = True
+        settle()
+        assert isinstance(entries[2].final.result(), OSError)
+        assert str(entries[3].final.result()) == "behind a broken walk"
+        assert written == ["r0", "r1"] and region.broken
+
+    run(main())
+
+
+def test_status_names_every_figure(tmp_path):
+    config = ssd_config(tmp_path / "ssd")
+
+    async def main():
+        tier = await DiskTier.open(config)
+        locator = await tier.write("ns", "k", 1, [memoryview(value_of("k", 5000))])
+        await tier.read(locator)
+        status = tier.status()
+        await tier.close()
+        return status
+
+    status = run(main())
+    for name in ("capacity_bytes", "used_bytes", "live_bytes", "live_records", "free_regions",
+                 "regions", "direct_io", "direct_io_reason", "queue_depth", "in_flight",
+                 "writes", "write_bytes", "reads", "read_bytes", "write_errors",
+                 "read_errors", "corrupt_records", "torn_records", "superseded_records",
+                 "reclaimed_regions", "reclaimed_records", "write_latency_us",
+                 "read_latency_us"):
+        assert name in status, name
+    assert status["capacity_bytes"] == 8 * MIB and status["regions"] == 8
+    assert status["used_bytes"] == 2 * BLOCK + 2 * BLOCK  # region header + one record
+    assert status["free_regions"] == 7 and status["live_bytes"] == 5000
+    histogram = status["read_latency_us"]
+    assert histogram["count"] == 1 and sum(histogram["counts"]) == 1
+    assert len(histogram["counts"]) == len(histogram["bounds_us"]) + 1

@@ -128,6 +128,9 @@ class DiskIO:
             ring.submit()
         except OSError as exc:  # the ring itself failed: fail what it holds
             self._fail_all(exc)
+            return
+        if ring.queued:
+            self._schedule_flush()  # the kernel took part of them (busy): the rest next
 
     def _fail_all(self, exc: OSError) -> None:
         for op in self._ops.values():

@@ -364,6 +364,16 @@ class DiskTier:
             entry.error = self._write_error(exc, "write of a record")
             entry.walkable = await self._mark_dead(region, info)
             log.warning("ssd: a record write failed in region %d: %s", region.index, exc)
+        except BaseException as exc:
+            # Not the disk's answer (the tier closing under it): what is on disk is unknown,
+            # so nothing after it in the region may be reported either.
+            entry.error = DiskIOError(f"disk tier write interrupted: {exc!r}")
+            entry.walkable = False
+            self._seal(region)
+            entry.resolved = True
+            region.settle(lambda: DiskIOError("an earlier record of its region could not be "
+                                              "written"), self._add)
+            raise
         if entry.error is not None and region is self._active:
             self._seal(region)  # append elsewhere: this region's walk may stop here
         entry.resolved = True
