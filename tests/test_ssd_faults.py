@@ -7,6 +7,7 @@ why it skips where one of these is missing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -89,7 +90,7 @@ def eio_fuse(tmp_path):
     if not os.path.exists("/dev/fuse"):
         pytest.skip("no /dev/fuse")
     try:
-        import fuse  # noqa: F401  (fusepy; loads libfuse.so.2)
+        importlib.import_module("fuse")  # fusepy; loads libfuse.so.2
     except (ImportError, OSError, EnvironmentError) as exc:
         pytest.skip(f"fusepy or libfuse2 missing: {exc}")
     fs = EioFuse(tmp_path)

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from mooncaked import config as config_module
-from mooncaked.ssd import DiskCorrupt, DiskFull, DiskTier, LayoutMismatch
+from mooncaked.ssd import DirectoryInUse, DiskCorrupt, DiskFull, DiskTier, LayoutMismatch
 from mooncaked.ssd.records import RECORD_HEADER_BYTES
 from ssd_support import MIB, file_system_type, require_io_uring, run, ssd_config, value_of
 
@@ -671,3 +671,17 @@ def test_status_names_every_figure(tmp_path):
     histogram = status["read_latency_us"]
     assert histogram["count"] == 1 and sum(histogram["counts"]) == 1
     assert len(histogram["counts"]) == len(histogram["bounds_us"]) + 1
+
+
+def test_a_directory_serves_one_open_tier_at_a_time(tmp_path):
+    config = ssd_config(tmp_path / "ssd")
+
+    async def main():
+        tier = await DiskTier.open(config)
+        with pytest.raises(DirectoryInUse, match="in use"):
+            await DiskTier.open(config)
+        await tier.close()
+        again = await DiskTier.open(config)  # closing released it
+        await again.close()
+
+    run(main())

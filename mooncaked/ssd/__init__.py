@@ -6,8 +6,8 @@ the event loop), `bounce` (aligned staging memory), `regions` (region states and
 of acknowledgements), `recovery` (the scan at start).
 """
 
-from mooncaked.ssd.tier import (DiskCorrupt, DiskFull, DiskIOError, DiskRecord, DiskTier,
-                                LayoutMismatch, Locator)
+from mooncaked.ssd.tier import (DirectoryInUse, DiskCorrupt, DiskFull, DiskIOError, DiskRecord,
+                                DiskTier, LayoutMismatch, Locator)
 
 __all__ = ["DiskTier", "Locator", "DiskRecord", "DiskFull", "DiskIOError", "DiskCorrupt",
-           "LayoutMismatch"]
+           "LayoutMismatch", "DirectoryInUse"]

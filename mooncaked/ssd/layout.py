@@ -11,6 +11,7 @@ formatted.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import mmap
@@ -29,6 +30,10 @@ _META_KEYS = ("format", "block_bytes", "region_bytes", "file_bytes", "files", "r
 
 class LayoutMismatch(Exception):
     """The directory was formatted with other sizes than the configuration's."""
+
+
+class DirectoryInUse(Exception):
+    """Another open tier (this process or another) holds the directory."""
 
 
 class LayoutFull(Exception):
@@ -76,17 +81,43 @@ class OpenedFiles:
     formatted: bool           # made anew by this start
     direct_io: bool
     direct_io_reason: str     # why O_DIRECT is off; "" when on
+    lock_fd: int = -1         # the directory, flock()ed while the tier is open
 
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)  # releases the lock
+            self.lock_fd = -1
 
 
 def open_directory(directory: str, layout: Layout, reformat_on_mismatch: bool) -> OpenedFiles:
-    """Format (if needed) and open the tier's files. Raises LayoutMismatch, LayoutFull or
-    OSError."""
+    """Lock the directory, format it (if needed) and open the tier's files. Raises
+    DirectoryInUse, LayoutMismatch, LayoutFull or OSError."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    lock_fd = _lock_directory(directory)
+    try:
+        files = _open_locked(directory, layout, reformat_on_mismatch)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    files.lock_fd = lock_fd
+    return files
+
+
+def _lock_directory(directory: str) -> int:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DirectoryInUse(f"the disk tier directory {directory} is in use by another "
+                             "daemon (or another tier of this one)") from None
+    return fd
+
+
+def _open_locked(directory: str, layout: Layout, reformat_on_mismatch: bool) -> OpenedFiles:
     meta_path = os.path.join(directory, META_NAME)
     meta = _read_meta(meta_path)
     formatted = False

@@ -35,7 +35,8 @@ from mooncaked.config import SsdConfig
 from mooncaked.ssd import recovery
 from mooncaked.ssd.bounce import BouncePool, slot_size
 from mooncaked.ssd.disk_io import DiskIO
-from mooncaked.ssd.layout import Layout, LayoutFull, LayoutMismatch, open_directory
+from mooncaked.ssd.layout import (DirectoryInUse, Layout, LayoutFull, LayoutMismatch,
+                                  open_directory)
 from mooncaked.ssd.records import (FLAG_DEAD, FLAG_LIVE, RecordHeader, RegionHeader,
                                    encode_record_header, encode_region_header, key_fits,
                                    pad_to_block, record_bytes)
@@ -44,7 +45,7 @@ from mooncaked.ssd.regions import PendingWrite, RecordInfo, Region, RegionState
 log = logging.getLogger("mooncaked.ssd")
 
 __all__ = ["DiskTier", "Locator", "DiskRecord", "DiskFull", "DiskIOError", "DiskCorrupt",
-           "LayoutMismatch", "LATENCY_BOUNDS_US"]
+           "LayoutMismatch", "DirectoryInUse", "LATENCY_BOUNDS_US"]
 
 # Reads straight into a destination need this address alignment (O_DIRECT; a page).
 DIRECT_ALIGNMENT = 4096
@@ -154,8 +155,9 @@ class DiskTier:
     async def open(cls, config: SsdConfig, *, loop=None, on_reclaim=None) -> "DiskTier":
         """Creates/preallocates or opens the directory and recovers; .recovered lists what
         was found (the newest live record of each key). Raises LayoutMismatch for a
-        directory formatted with other sizes, DiskFull when the files do not fit, OSError
-        when the directory or io_uring cannot be used."""
+        directory formatted with other sizes, DirectoryInUse when another open tier holds
+        it, DiskFull when the files do not fit, OSError when the directory or io_uring
+        cannot be used."""
         loop = loop or asyncio.get_running_loop()
         layout = Layout(config.block_bytes, config.region_bytes, config.file_bytes,
                         config.capacity_bytes // config.region_bytes)
@@ -528,8 +530,9 @@ class DiskTier:
 
     async def _reclaim_one(self, free_wanted: int) -> bool:
         """Reclaims the oldest sealed region that nothing holds, unless free_wanted regions
-        are free already: its live records go to on_reclaim, then its header is erased
-        (durably) and it is free. False when no region can be reclaimed."""
+        are free already: its records leave the index, its header is erased (durably), its
+        live records go to on_reclaim, and it is free. False when no region can be
+        reclaimed."""
         async with self._reclaim_lock:
             if len(self._free) >= free_wanted:
                 return True  # a reclaim that held the lock before us made the room
@@ -549,6 +552,9 @@ class DiskTier:
             region.records.clear()
             self._stats["reclaimed_regions"] += 1
             self._stats["reclaimed_records"] += len(records)
+            # Erase the header (durably) before telling the owner: once it has forgotten
+            # these records it will never drop them, so they must not survive a crash.
+            erased = await self._erase_region_header(region)
             if records and self._on_reclaim is not None:
                 try:
                     result = self._on_reclaim(records)
@@ -556,24 +562,29 @@ class DiskTier:
                         await result
                 except Exception:
                     log.exception("ssd: on_reclaim failed")
-            pool = self._bounce
-            slot = await pool.acquire()
-            try:
-                pool.view(slot)[:self._block] = bytes(self._block)
-                await self._io.write(region.file_index, pool.address(slot), self._block,
-                                     region.file_offset)
-                await self._io.datasync(region.file_index)
-            except OSError as exc:
-                self._stats["write_errors"] += 1
+            if not erased:
                 region.state = RegionState.FAILED
-                log.warning("ssd: region %d out of service: erasing its header failed: %s",
-                            region.index, exc)
                 return True  # something changed; the caller looks again
-            finally:
-                pool.release(slot)
             region.reset()
             self._free.append(region)
             return True
+
+    async def _erase_region_header(self, region: Region) -> bool:
+        pool = self._bounce
+        slot = await pool.acquire()
+        try:
+            pool.view(slot)[:self._block] = bytes(self._block)
+            await self._io.write(region.file_index, pool.address(slot), self._block,
+                                 region.file_offset)
+            await self._io.datasync(region.file_index)
+            return True
+        except OSError as exc:
+            self._stats["write_errors"] += 1
+            log.warning("ssd: region %d out of service: erasing its header failed: %s",
+                        region.index, exc)
+            return False
+        finally:
+            pool.release(slot)
 
     # -- reading and dropping --------------------------------------------------------------
 
