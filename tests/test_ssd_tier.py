@@ -685,3 +685,37 @@ def test_a_directory_serves_one_open_tier_at_a_time(tmp_path):
         await again.close()
 
     run(main())
+
+
+def test_a_region_erased_and_reused_never_revives_its_old_records(tmp_path):
+    """A reclaimed region's header is erased but its old records stay in its body. When it
+    is opened again it must get a sequence it never had, or a walk that runs past the new
+    records would take the old ones as its own."""
+    config = ssd_config(tmp_path / "ssd")
+
+    async def write_old():
+        tier = await DiskTier.open(config)
+        old = [await tier.write("ns", f"old{i}", i, [memoryview(value_of(f"old{i}", 3000))])
+               for i in range(4)]
+        await tier.close()
+        return old
+
+    old = run(write_old())
+    assert {locator.region for locator in old} == {0}
+    # Erase region 0's header the way a reclaim whose erase was cut short leaves it.
+    path, offset = data_path(tmp_path / "ssd", 0, 0, config)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(BLOCK))
+
+    async def write_new():
+        tier = await DiskTier.open(config)
+        assert tier.recovered == []
+        new = await tier.write("ns", "new", 1, [memoryview(value_of("new", 3000))])
+        assert new.region == 0 and new.offset == old[0].offset  # region 0 reused
+        await tier.close()
+        tier = await DiskTier.open(config)
+        assert [r.key for r in tier.recovered] == ["new"]
+        await tier.close()
+
+    run(write_new())

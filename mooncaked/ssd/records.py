@@ -5,8 +5,10 @@ its value padded to whole blocks. All integers are little-endian. A header is va
 its magic, format version and CRC32C (over the header with its crc field zeroed, and for a
 record the namespace and key bytes after it) are right; the rest of the block is zero.
 
-Region header (40 bytes): magic "MCSSDRGN", format u16, 0 u16, region index u32,
-instance id u64, sequence u64, crc u32, 0 u32.
+Region header (40 bytes): magic "MCSSDRGN", format u16, flags u16 (FREE 1: erased by
+reclaim, no records), region index u32, instance id u64, sequence u64, crc u32, 0 u32.
+Sequences grow over the tier's life and are never reused: a region's body keeps the records
+of its earlier uses, and only the sequence tells them apart.
 
 Record header (48 bytes + namespace + key): magic "MCSSDREC", format u16, flags u16
 (LIVE 1, DEAD 2), namespace length u16, key length u16, region sequence u64, value size u64,
@@ -25,6 +27,7 @@ REGION_MAGIC = b"MCSSDRGN"
 RECORD_MAGIC = b"MCSSDREC"
 FLAG_LIVE = 1
 FLAG_DEAD = 2
+REGION_FLAG_FREE = 1
 
 _REGION = struct.Struct("<8sHHIQQII")
 _RECORD = struct.Struct("<8sHHHHQQQII")
@@ -37,6 +40,7 @@ class RegionHeader:
     region: int
     instance_id: int
     sequence: int
+    free: bool = False   # written by reclaim: the region holds no records
 
 
 @dataclass(frozen=True)
@@ -67,23 +71,24 @@ def key_fits(namespace: bytes, key: bytes, block_bytes: int) -> bool:
 def encode_region_header(block: memoryview, header: RegionHeader) -> None:
     """Write a region header into `block` (one block, zeroed around it)."""
     block[:] = bytes(len(block))
-    _REGION.pack_into(block, 0, REGION_MAGIC, FORMAT_VERSION, 0, header.region,
+    _REGION.pack_into(block, 0, REGION_MAGIC, FORMAT_VERSION,
+                      REGION_FLAG_FREE if header.free else 0, header.region,
                       header.instance_id, header.sequence, 0, 0)
     crc = crc32c(block[:_REGION.size])
     struct.pack_into("<I", block, _REGION.size - 8, crc)
 
 
 def decode_region_header(block) -> RegionHeader | None:
-    """The region header in `block`, or None when the block holds none (never formatted,
-    erased by reclaim, or torn)."""
-    magic, version, _, region, instance_id, sequence, crc, _ = _REGION.unpack_from(block, 0)
-    if magic != REGION_MAGIC or version != FORMAT_VERSION:
+    """The region header in `block`, or None when the block holds none (never used since
+    the format, or torn)."""
+    magic, version, flags, region, instance_id, sequence, crc, _ = _REGION.unpack_from(block, 0)
+    if magic != REGION_MAGIC or version != FORMAT_VERSION or flags & ~REGION_FLAG_FREE:
         return None
     check = bytearray(block[:_REGION.size])
     struct.pack_into("<I", check, _REGION.size - 8, 0)
     if crc32c(check) != crc:
         return None
-    return RegionHeader(region, instance_id, sequence)
+    return RegionHeader(region, instance_id, sequence, bool(flags & REGION_FLAG_FREE))
 
 
 def encode_record_header(block: memoryview, header: RecordHeader) -> None:

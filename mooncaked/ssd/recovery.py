@@ -26,7 +26,8 @@ SCANNERS = 8                # regions scanned at once at most
 @dataclass
 class ScannedRegion:
     index: int
-    sequence: int = 0           # 0: no valid region header (the region is free)
+    sequence: int = 0           # 0: no region header, or a FREE one (the region is free)
+    free_sequence: int = 0      # the sequence of a FREE header
     end_offset: int = 0         # where the walk stopped (region-relative)
     records: list[tuple[int, RecordHeader]] = field(default_factory=list)
     torn: int = 0
@@ -66,6 +67,9 @@ async def _scan_region(io: DiskIO, layout: Layout, instance_id: int, result: Sca
             return
         header = decode_region_header(view[:block])
         if header is None or header.instance_id != instance_id or header.region != result.index:
+            return
+        if header.free:
+            result.free_sequence = header.sequence
             return
         result.sequence = header.sequence
         offset = block

@@ -1,6 +1,6 @@
 """Regions of the disk tier: their states, the records in them, and the order of acks.
 
-A region is FREE (no valid header on disk), OPENING (its header being written), ACTIVE (the
+A region is FREE (no region header on disk, or a FREE one), OPENING (its header being written), ACTIVE (the
 one region appended to), SEALED (full, or found at start: never appended to again until
 reclaimed), RECLAIMING, or FAILED (a header write failed; left out of service).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 
 class RegionState(enum.Enum):
-    FREE = "free"
+    FREE = "free"  # no header, or a FREE one written by reclaim
     OPENING = "opening"
     ACTIVE = "active"
     SEALED = "sealed"

@@ -570,10 +570,15 @@ class DiskTier:
             return True
 
     async def _erase_region_header(self, region: Region) -> bool:
+        """Writes a FREE header (with a sequence of its own, so that sequences found at the
+        next start still cover every one used) and datasyncs; False when that fails."""
+        sequence = self._next_sequence
+        self._next_sequence += 1
         pool = self._bounce
         slot = await pool.acquire()
         try:
-            pool.view(slot)[:self._block] = bytes(self._block)
+            encode_region_header(pool.view(slot)[:self._block], RegionHeader(
+                region.index, self._files.instance_id, sequence, free=True))
             await self._io.write(region.file_index, pool.address(slot), self._block,
                                  region.file_offset)
             await self._io.datasync(region.file_index)
@@ -696,6 +701,10 @@ class DiskTier:
     # -- recovery -------------------------------------------------------------------------
 
     async def _recover(self, formatted: bool) -> None:
+        # Never reuse a sequence: above every one found on disk, and above the clock's
+        # nanoseconds (a region erased by a reclaim whose FREE header was torn leaves no
+        # trace of its sequence; one opened in an earlier start had a smaller one).
+        self._next_sequence = time.time_ns()
         if formatted:
             self._free.extend(self._regions)
             return
@@ -716,6 +725,7 @@ class DiskTier:
                 log.warning("ssd: region %d: reading its records failed at %d: %s",
                             region.index, result.end_offset, result.walk_error)
             if not result.sequence:
+                self._next_sequence = max(self._next_sequence, result.free_sequence + 1)
                 self._free.append(region)
                 continue
             # Found at start: never appended to again (what lies after its walk's end may
