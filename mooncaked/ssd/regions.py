@@ -1,8 +1,8 @@
 """Regions of the disk tier: their states, the records in them, and the order of acks.
 
-A region is FREE (no region header on disk, or a FREE one), OPENING (its header being written), ACTIVE (the
-one region appended to), SEALED (full, or found at start: never appended to again until
-reclaimed), RECLAIMING, or FAILED (a header write failed; left out of service).
+A region is FREE (no region header on disk, or a FREE one), OPENING (its header being
+written), ACTIVE (the one region appended to), SEALED (full, or found at start: never appended
+to again until reclaimed), RECLAIMING, or FAILED (a header write failed; out of service).
 
 Writes to a region are acknowledged in offset order (`PendingWrite`, `Region.settle`):
 recovery walks a region from its first record and stops at the first block that is not a
