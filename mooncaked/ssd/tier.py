@@ -169,8 +169,14 @@ class DiskTier:
         if config.file_bytes % config.region_bytes or config.region_bytes % config.block_bytes:
             raise ValueError("[ssd] file_bytes must be a multiple of region_bytes, and "
                              "region_bytes of block_bytes")
+        # Formatting preallocates and syncs every file: off the loop.
+        opening = loop.run_in_executor(None, open_directory, config.directory, layout,
+                                       config.reformat_on_mismatch)
         try:
-            files = open_directory(config.directory, layout, config.reformat_on_mismatch)
+            files = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_opened_files)  # it finishes in its thread
+            raise
         except LayoutFull as exc:
             raise DiskFull(str(exc)) from None
         try:
@@ -756,6 +762,11 @@ class DiskTier:
             await self._mark_dead(self._regions[info.region], info)
         self.recovered = [DiskRecord(i.namespace, i.key, i.size_bytes, i.version, _locator(i))
                           for i in sorted(newest.values(), key=lambda i: (i.sequence, i.offset))]
+
+
+def _close_opened_files(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def _copy_value(views: list[memoryview], start: int, dest: memoryview) -> None:
