@@ -719,3 +719,40 @@ def test_a_region_erased_and_reused_never_revives_its_old_records(tmp_path):
         await tier.close()
 
     run(write_new())
+
+
+def test_aligned_source_is_written_from_its_own_memory(tmp_path):
+    """A value in one page-aligned part (a segment range) goes to disk straight from it:
+    the header block and the tail are staged, the whole blocks between are not."""
+    config = ssd_config(tmp_path / "ssd", capacity_bytes=16 * MIB, file_bytes=8 * MIB,
+                        region_bytes=4 * MIB)
+    if file_system_type(tmp_path) in ("", "tmpfs"):
+        pytest.skip("needs O_DIRECT")
+
+    async def main():
+        tier = await DiskTier.open(config)
+        written = {"first": await tier.write("ns", "first", 1, [memoryview(b"opens a region")])}
+        counting = _CountingRing(tier._io._ring)
+        tier._io._ring = counting
+        # (name, size, page-aligned, write requests: header + direct parts + tail)
+        for name, size, aligned, expected_writes in (
+                ("tail", 5 * BLOCK + 100, True, 3),
+                ("whole", 300 * BLOCK, True, 3),       # 300 blocks: two direct requests
+                ("exact", 4 * BLOCK, True, 2),
+                ("unaligned", 5 * BLOCK + 100, False, 1)):
+            source = mmap.mmap(-1, size + 1)
+            start = 0 if aligned else 1
+            source[start:start + size] = value_of(name, size)
+            before = counting.writes
+            with memoryview(source) as view:
+                written[name] = await tier.write("ns", name, 1, [view[start:start + size]])
+            assert counting.writes - before == expected_writes, name
+            assert await tier.read(written[name]) == value_of(name, size)
+        await tier.close()
+        tier = await DiskTier.open(config)
+        assert {r.key: r.locator for r in tier.recovered} == written
+        for record in tier.recovered[1:]:
+            assert await tier.read(record.locator) == value_of(record.key, record.size_bytes)
+        await tier.close()
+
+    run(main())

@@ -19,6 +19,7 @@ from collections import deque
 from mooncaked._native import buffer_address
 
 SLOT_BYTES = 1 << 20  # one I/O request of a large value moves at most this much
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def slot_size(total_bytes: int, block_bytes: int) -> int:
@@ -31,7 +32,9 @@ class BouncePool:
     def __init__(self, total_bytes: int, slot_bytes: int):
         self.slot_bytes = slot_bytes
         self.slots = max(1, total_bytes // slot_bytes)
-        self._memory = mmap.mmap(-1, self.slots * slot_bytes)
+        # Populated at once: no page faults on the I/O path.
+        self._memory = mmap.mmap(-1, self.slots * slot_bytes,
+                                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         self._view = memoryview(self._memory)
         self._base = buffer_address(self._memory)
         self._free = list(range(self.slots - 1, -1, -1))

@@ -402,34 +402,47 @@ class DiskTier:
 
     async def _write_record(self, region: Region, offset: int, header: RecordHeader,
                             views: list[memoryview], size: int) -> None:
-        """Writes header block + value (padded) through bounce slots, one request per
-        slot; raises the first OSError once every request has ended."""
+        """Writes header block + value (padded), one request per bounce slot or per slot's
+        worth of value written straight from its memory (a single aligned part, O_DIRECT);
+        raises the first OSError once every request has ended."""
         block = self._block
         total = record_bytes(size, block)
         base = region.file_offset + offset
         pool = self._bounce
+        direct = 0  # value bytes written from the caller's memory
+        if self.direct_io and len(views) == 1 and size >= block:
+            address = buffer_address(views[0])
+            if address % DIRECT_ALIGNMENT == 0:
+                direct = size // block * block
+        staged = [(0, block), (block + direct, total)] if direct else [(0, total)]
         requests = []
-        position = 0
-        while position < total:
-            length = min(pool.slot_bytes, total - position)
-            slot = await pool.acquire()
-            buffer = pool.view(slot)[:length]
-            cursor = 0
-            if position == 0:
-                encode_record_header(buffer[:block], header)
-                cursor = block
-            value_start = position + cursor - block
-            value_end = min(size, position + length - block)
-            if value_end > value_start:
-                _copy_value(views, value_start, buffer[cursor:cursor + value_end - value_start])
-                cursor += value_end - value_start
-            if cursor < length:
-                buffer[cursor:] = bytes(length - cursor)
-            request = self._io.write(region.file_index, pool.address(slot), length,
-                                     base + position, keep=None)
-            request.add_done_callback(lambda _, slot=slot: pool.release(slot))
-            requests.append(request)
-            position += length
+        for position in range(0, direct, pool.slot_bytes):
+            length = min(pool.slot_bytes, direct - position)
+            requests.append(self._io.write(region.file_index, address + position, length,
+                                           base + block + position, keep=views[0]))
+        for start, end in staged:
+            position = start
+            while position < end:
+                length = min(pool.slot_bytes, end - position)
+                slot = await pool.acquire()
+                buffer = pool.view(slot)[:length]
+                cursor = 0
+                if position == 0:
+                    encode_record_header(buffer[:block], header)
+                    cursor = block
+                value_start = position + cursor - block
+                value_end = min(size, position + length - block)
+                if value_end > value_start:
+                    _copy_value(views, value_start,
+                                buffer[cursor:cursor + value_end - value_start])
+                    cursor += value_end - value_start
+                if cursor < length:
+                    buffer[cursor:] = bytes(length - cursor)
+                request = self._io.write(region.file_index, pool.address(slot), length,
+                                         base + position, keep=None)
+                request.add_done_callback(lambda _, slot=slot: pool.release(slot))
+                requests.append(request)
+                position += length
         results = await asyncio.gather(*requests, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
