@@ -214,8 +214,8 @@ class SsdConfig:
                             "record's header and namespace + key fit one block")
     queue_depth: int = _key(32, 1, 4096, doc="disk reads and writes in flight at most")
     bounce_bytes: int = _key(64 * MIB, 4096, 1 << 40, unit="bytes",
-                             doc="aligned staging memory for values whose memory is not "
-                             "block-aligned (all writes; unaligned reads)")
+                             doc="aligned staging memory for record headers, values' last "
+                             "partial blocks and values whose memory is not page-aligned")
     reclaim_free_regions: int = _key(2, 1, 1 << 20,
                                      doc="reclaim the oldest region when fewer regions "
                                      "than this are free")
