@@ -154,7 +154,11 @@ class DiskTier:
     @classmethod
     async def open(cls, config: SsdConfig, *, loop=None, on_reclaim=None) -> "DiskTier":
         """Creates/preallocates or opens the directory and recovers; .recovered lists what
-        was found (the newest live record of each key). Raises LayoutMismatch for a
+        was found (the newest live record of each key), oldest first.
+
+        on_reclaim(records: list[DiskRecord]) is called (and awaited if it returns an
+        awaitable) with the live records of each reclaimed region, once they are gone from
+        the tier and from the disk; it must not wait for a write of this tier. Raises LayoutMismatch for a
         directory formatted with other sizes, DirectoryInUse when another open tier holds
         it, DiskFull when the files do not fit, OSError when the directory or io_uring
         cannot be used."""
