@@ -140,47 +140,6 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
-class SsdConfig:
-    enabled: bool = _key(False, doc="a disk tier on this node: values evicted from DRAM go to "
-                         "local disk and come back on a hit (README \"SSD tier\")")
-    directory: str = _key("/var/lib/mooncaked/ssd", doc="directory of the disk tier's data "
-                          "files")
-    capacity_bytes: int = _key(0, 0, 1 << 50, unit="bytes",
-                               doc="disk space the tier uses, rounded down to whole regions; "
-                               "0 = no tier")
-    file_bytes: int = _key(GIB, 4096, 1 << 44, unit="bytes", doc="size of each data file")
-    region_bytes: int = _key(64 * MIB, 4096, GIB, unit="bytes",
-                             doc="space is written in order and reclaimed a region at a time")
-    block_bytes: int = _key(4096, 512, 1 << 20, unit="bytes",
-                            doc="I/O alignment and the smallest record (a power of two)")
-    queue_depth: int = _key(32, 1, 4096, doc="disk requests in flight at most")
-    bounce_bytes: int = _key(64 * MIB, 4096, 1 << 40, unit="bytes",
-                             doc="aligned buffers for values whose memory is not aligned")
-    reclaim_free_regions: int = _key(2, 1, 1 << 20,
-                                     doc="below this many free regions, the oldest is "
-                                     "reclaimed (its objects leave the tier)")
-    reformat_on_mismatch: bool = _key(False, doc="a directory formatted with other sizes is "
-                                      "reformatted (its contents lost) instead of refused")
-    offload_watermark_ratio: float = _key(0.7, 0.0, 1.0, unit="ratio",
-                                          doc="above this share of DRAM used, the coldest "
-                                          "objects are written to disk in the background, so "
-                                          "that eviction frees their DRAM without losing them")
-    offload_bytes_in_flight: int = _key(256 * MIB, 4096, 1 << 40, unit="bytes",
-                                        doc="value bytes being written to disk at most "
-                                        "(each copied out of DRAM while written)")
-    promote: bool = _key(True, doc="a value read from disk often enough gets a DRAM replica "
-                         "again")
-    promote_threshold: int = _key(2, 1, 15, doc="disk hits (Count-Min estimate) that promote "
-                                  "a value to DRAM")
-    promote_sketch_width: int = _key(65536, 64, 1 << 26,
-                                     doc="counters per row of the Count-Min admission sketch "
-                                     "(4 rows of 4-bit counters, halved every 10 x width "
-                                     "hits)")
-    write_through: bool = _key(False, doc="every put is written to disk at its end as well; "
-                               "a put's config (write_through) overrides it")
-
-
-@dataclass(frozen=True)
 class ClusterConfig:
     enabled: bool = _key(False, doc="run as a member of a Raft cluster; off = a cluster of "
                          "one with no log on disk")
@@ -262,6 +221,23 @@ class SsdConfig:
                                      "than this are free")
     reformat_on_mismatch: bool = _key(False, doc="a directory formatted with other sizes is "
                                       "erased and formatted anew instead of refused at start")
+    offload_watermark_ratio: float = _key(0.7, 0.0, 1.0, unit="ratio",
+                                          doc="above this share of DRAM used, the coldest "
+                                          "objects are written to disk in the background, so "
+                                          "that eviction frees their DRAM without losing them")
+    offload_bytes_in_flight: int = _key(256 * MIB, 4096, 1 << 40, unit="bytes",
+                                        doc="value bytes being written to disk at most "
+                                        "(each copied out of DRAM while written)")
+    promote: bool = _key(True, doc="a value read from disk often enough gets a DRAM replica "
+                         "again")
+    promote_threshold: int = _key(2, 1, 15, doc="disk hits (Count-Min estimate) that promote "
+                                  "a value to DRAM")
+    promote_sketch_width: int = _key(65536, 64, 1 << 26,
+                                     doc="counters per row of the Count-Min admission sketch "
+                                     "(4 rows of 4-bit counters, halved every 10 x width "
+                                     "hits)")
+    write_through: bool = _key(False, doc="every put is written to disk at its end as well; "
+                               "a put's config (write_through) overrides it")
 
 
 @dataclass(frozen=True)
@@ -318,7 +294,6 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
-    ssd: SsdConfig = field(default_factory=SsdConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     ssd: SsdConfig = field(default_factory=SsdConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
