@@ -76,6 +76,14 @@ def fill(client, count: int, prefix: str = "v", seed: int = 1) -> dict:
     return values
 
 
+def on_disk(client, key: str) -> bool:
+    try:
+        return client.object_stat(key)["disk"] is not None
+    except MooncakedError as exc:  # evicted without a disk copy
+        assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+        return False
+
+
 def tier_of(client, key: str) -> str:
     return client.object_stat(key)["tier"]
 
@@ -150,7 +158,7 @@ def test_removed_values_stay_removed_and_the_rest_is_back_after_a_restart(node):
         for key in kept[:8]:
             assert local.get(key) == values[key]
         # A value on disk only, removed, is not back after the next restart either.
-        tcp.remove(kept[0])
+        tcp.remove(kept[0], force=True)
     assert node.terminate() == 0
     node.start()
     with BlockingClient.connect(node.tcp_address) as tcp:
@@ -170,7 +178,7 @@ def test_sigkill_in_the_middle_of_offloading_serves_nothing_wrong_after_restart(
         wait_until(lambda: tiers(tcp)["offload"]["done"] > 0, what="offloading to start")
         # Upserts of values already on disk: once an upsert answered, the old value may
         # never come back (the new one may be lost with DRAM, or be on disk too).
-        for key in [k for k in values if tcp.object_stat(k)["disk"] is not None][:6]:
+        for key in [k for k in values if on_disk(tcp, k)][:6]:
             values[key] = rng.randbytes(VALUE_BYTES // 2)
             tcp.upsert(key, values[key])
         for i in range(60, 90):  # more offloading in flight when the kill comes
@@ -239,6 +247,65 @@ def test_a_disk_too_small_drops_values_and_never_serves_a_wrong_one(tmp_path):
                     except MooncakedError as exc:
                         assert exc.code == ErrorCode.OBJECT_NOT_FOUND
             assert found > 0
+            time.sleep(0.3)  # the reads' leases end: their DRAM may be evicted again
             assert tcp.put("last", b"x" * 100) and tcp.get("last") == b"x" * 100
+    finally:
+        node.close()
+
+
+def test_a_full_disk_stops_offloading_evicts_as_before_and_resumes(tmp_path):
+    # Four regions of 1 MiB; read leases of 5 s pin what they cover, so once every region
+    # holds a leased value nothing can be reclaimed: the disk is full.
+    node = ssd_daemon(str(tmp_path), ssd={"capacity_bytes": 4 << 20, "file_bytes": 4 << 20,
+                                          "region_bytes": 1 << 20},
+                      store={"lease_ttl_ms": 5000})
+    node.start()
+    try:
+        with BlockingClient.connect(node.tcp_address) as tcp:
+            rng = random.Random(5)
+            values, held = {}, []
+            for i in range(160):
+                key = f"d{i}"
+                values[key] = rng.randbytes(VALUE_BYTES)
+                assert tcp.put(key, values[key])
+                wait_until(lambda: tiers(tcp)["offload"]["in_flight"] == 0, what="writes")
+                # Lease every value on disk only: its record, and region, is pinned (and no
+                # DRAM is held by the lease).
+                for other in list(values):
+                    if other not in held and on_disk(tcp, other) \
+                            and tier_of(tcp, other) == "ssd":
+                        assert tcp.exists(other)
+                        held.append(other)
+                if tiers(tcp)["ssd"]["full"]:
+                    break
+            status = tiers(tcp)
+            assert status["ssd"]["full"] and status["offload"]["disk_full"] >= 1, status
+            before = status["eviction"]["without_offload"]
+            more = {}
+            for i in range(40):  # DRAM keeps filling: eviction drops as without a tier
+                more[f"m{i}"] = rng.randbytes(VALUE_BYTES)
+                assert tcp.put(f"m{i}", more[f"m{i}"])
+            wait_until(lambda: tiers(tcp)["eviction"]["without_offload"] > before,
+                       what="evictions without offload")
+            for key, value in {**values, **more}.items():
+                try:
+                    assert tcp.get(key) == value, key  # never a wrong value
+                except MooncakedError as exc:
+                    assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+            # Space returns: the leased values (every value just read) are removed, and their
+            # regions can be reclaimed.
+            for key in list(values) + list(more):
+                try:
+                    tcp.remove(key, force=True)
+                except MooncakedError as exc:
+                    assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+            # A forced remove frees DRAM when the lease ends (PROTOCOL.md 5.1).
+            wait_until(lambda: tcp.status()["used_bytes"] < SEGMENT_BYTES // 4,
+                       what="the removed values' DRAM to be freed")
+            after = fill(tcp, 24, prefix="after", seed=9)
+            assert not tiers(tcp)["ssd"]["full"]
+            assert any(on_disk(tcp, key) for key in after)
+            for key, value in after.items():
+                assert tcp.get(key) == value
     finally:
         node.close()

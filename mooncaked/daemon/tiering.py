@@ -149,9 +149,15 @@ class Tiering:
         self.leased[key] = (locator, self.master.lease_end_ms(key))
 
     def _release_leases(self, now_ms: int) -> None:
-        for key in [k for k, (_, until) in self.leased.items() if until <= now_ms]:
-            locator, _ = self.leased.pop(key)
-            self.tier.unpin(locator)
+        """Unpin the records whose lease ended, or whose value is no longer that copy
+        (removed, replaced, its copy dropped)."""
+        readable = self.master.state.readable
+        for key, (locator, until) in list(self.leased.items()):
+            version = readable(key)
+            if until <= now_ms or version is None or version.disk is None \
+                    or self._locator(version.disk) != locator:
+                del self.leased[key]
+                self.tier.unpin(locator)
 
     async def close(self) -> None:
         """Let writes and drops in flight finish (their records stay consistent with what was
@@ -183,17 +189,20 @@ class Tiering:
         used = state.used_bytes()
         if used <= allowed:
             return
-        # Bytes eviction could free without losing a value: those with a disk copy, and
-        # those being written. Offload the coldest others until the rest fits the watermark.
+        # Bytes eviction could free now without losing a value: unleased objects with a disk
+        # copy, or being written. Offload the coldest others until what is left fits the
+        # watermark. Leased and hard-pinned objects eviction cannot take: they are not
+        # written (a leased one is, once its lease is over), and cover nothing.
         objects = state.objects
         covered = 0
-        for key in self.master.access:
+        for key, lease_end in self.master.access.items():
             if used - covered <= allowed or self.offload_bytes_in_flight >= budget:
                 break
             entry = objects.get(key)
             version = entry.complete if entry is not None else None
-            if version is None or not version.replicas or entry.hard_pin:
-                continue  # a hard-pinned value is never evicted: no need to offload it
+            if version is None or not version.replicas or entry.hard_pin \
+                    or lease_end > now_ms:
+                continue
             dram_bytes = version.size_bytes * len(version.replicas)
             if version.disk is not None or key in self.offloads:
                 covered += dram_bytes
