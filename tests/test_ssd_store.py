@@ -21,6 +21,7 @@ import pytest
 
 from conftest import DaemonProcess
 from mooncaked.client.blocking import BlockingClient
+from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError
 
 SEGMENT_BYTES = 1 << 20
@@ -181,9 +182,10 @@ def test_sigkill_in_the_middle_of_offloading_serves_nothing_wrong_after_restart(
         for key in [k for k in values if on_disk(tcp, k)][:6]:
             values[key] = rng.randbytes(VALUE_BYTES // 2)
             tcp.upsert(key, values[key])
-        for i in range(60, 90):  # more offloading in flight when the kill comes
+        through = ReplicateConfig(write_through=True)
+        for i in range(60, 90):  # writes in flight when the kill comes
             values[f"k{i}"] = rng.randbytes(VALUE_BYTES)
-            assert tcp.put(f"k{i}", values[f"k{i}"])
+            assert tcp.put(f"k{i}", values[f"k{i}"], through)
     node.kill()
     node.start()
     with BlockingClient.connect(node.tcp_address) as tcp:
