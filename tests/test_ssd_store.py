@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -120,6 +121,12 @@ def test_more_than_dram_holds_reads_back_byte_exact_and_names_the_tier(node):
         keys = list(values)[:10]
         assert tcp.batch_get(keys) == [values[k] for k in keys]
         assert tiers(tcp)["ssd"]["hits"] >= len(on_disk)
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics") as reply:
+        metrics = reply.read().decode()
+    for line in ('mooncaked_tier_hits_total{tier="ssd"}', 'mooncaked_tier_objects{tier="dram"}',
+                 "mooncaked_ssd_offloads_total", "mooncaked_ssd_write_duration_seconds_bucket",
+                 "mooncaked_ssd_read_duration_seconds_count"):
+        assert line in metrics, line
     assert node.terminate() == 0
 
 
