@@ -21,6 +21,7 @@ import urllib.request
 import pytest
 
 from conftest import DaemonProcess
+from test_ssd_faults import eio_fuse  # noqa: F401 (a fixture: tests/eio_fuse.py mounted)
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -314,6 +315,69 @@ def test_a_full_disk_stops_offloading_evicts_as_before_and_resumes(tmp_path):
             after = fill(tcp, 24, prefix="after", seed=9)
             assert not tiers(tcp)["ssd"]["full"]
             assert any(on_disk(tcp, key) for key in after)
+            for key, value in after.items():
+                assert tcp.get(key) == value
+    finally:
+        node.close()
+
+
+def _record_range(workdir_ssd: str, disk: dict, start: int, length: int) -> list:
+    """A fault entry of tests/eio_fuse.py: bytes [start, start + length) of the record at
+    `disk` ({region, offset} of object_stat), in its data file (8 regions of 1 MiB a file)."""
+    file_index, within = divmod(disk["region"], 8)
+    at = within * (1 << 20) + disk["offset"] + start
+    return [f"ssd/ssd-{file_index:04d}.data", at, at + length]
+
+
+def test_eio_on_a_read_is_a_miss_for_that_value_only_and_eio_on_writes_keeps_dram(eio_fuse):
+    workdir = str(eio_fuse.mountpoint.parent)
+    # The disk tier's directory on the fault-injecting file system.
+    node = DaemonProcess(workdir, segments={"size_bytes": SEGMENT_BYTES},
+                         store={"eviction_interval_ms": 10, "lease_ttl_ms": 100},
+                         ssd={"enabled": True, "directory": str(eio_fuse.mountpoint / "ssd"),
+                              "capacity_bytes": 32 << 20, "file_bytes": 8 << 20,
+                              "region_bytes": 1 << 20, "bounce_bytes": 4 << 20})
+    node.start()
+    try:
+        with BlockingClient.connect(node.tcp_address) as tcp, \
+                BlockingClient.connect(node.unix_address) as local:
+            values = fill(tcp, 30)
+            cold = [k for k in values if tier_of(tcp, k) == "ssd"]
+            bad, bad_local, good = cold[:3]
+            eio_fuse.set_faults(read=[
+                _record_range(workdir, tcp.object_stat(key)["disk"], 4096, 4096)
+                for key in (bad, bad_local)])
+            with pytest.raises(MooncakedError) as info:
+                tcp.get(bad)
+            assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+            with pytest.raises(MooncakedError) as info:
+                local.get(bad_local)
+            assert info.value.code == ErrorCode.OBJECT_NOT_FOUND
+            assert tcp.get(good) == values[good] and local.get(cold[3]) == values[cold[3]]
+            eio_fuse.set_faults()
+            assert not tcp.exists(bad) and not tcp.exists(bad_local)  # dropped, not retried
+            assert tiers(tcp)["ssd"]["misses"] == 2
+            # Every write fails: values stay in DRAM (evicted as without a tier), and
+            # offloading goes on one write at a time until one succeeds.
+            eio_fuse.set_faults(write=[["ssd/ssd-0000.data", 0, 8 << 20],
+                                       ["ssd/ssd-0001.data", 0, 8 << 20],
+                                       ["ssd/ssd-0002.data", 0, 8 << 20],
+                                       ["ssd/ssd-0003.data", 0, 8 << 20]])
+            rng = random.Random(2)
+            more = {}
+            for i in range(6):
+                more[f"w{i}"] = rng.randbytes(VALUE_BYTES)
+                assert tcp.put(f"w{i}", more[f"w{i}"])
+            wait_until(lambda: tiers(tcp)["ssd"]["failing"], what="a failed write")
+            assert tiers(tcp)["offload"]["failed"] >= 1
+            for key, value in more.items():
+                try:
+                    assert tcp.get(key) == value
+                except MooncakedError as exc:
+                    assert exc.code == ErrorCode.OBJECT_NOT_FOUND  # evicted, never wrong
+            eio_fuse.set_faults()
+            after = fill(tcp, 10, prefix="after", seed=4)
+            assert not tiers(tcp)["ssd"]["failing"]
             for key, value in after.items():
                 assert tcp.get(key) == value
     finally:
