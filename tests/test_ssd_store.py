@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
 import urllib.request
 
 import pytest
 
 from conftest import DaemonProcess
-from test_ssd_faults import eio_fuse  # noqa: F401 (a fixture: tests/eio_fuse.py mounted)
+import test_ssd_faults
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.client.calls import ReplicateConfig
 from mooncaked.errors import ErrorCode, MooncakedError
@@ -321,6 +320,9 @@ def test_a_full_disk_stops_offloading_evicts_as_before_and_resumes(tmp_path):
         node.close()
 
 
+eio_fuse = test_ssd_faults.eio_fuse  # a fixture: tests/eio_fuse.py mounted, or a skip
+
+
 def _record_range(workdir_ssd: str, disk: dict, start: int, length: int) -> list:
     """A fault entry of tests/eio_fuse.py: bytes [start, start + length) of the record at
     `disk` ({region, offset} of object_stat), in its data file (8 regions of 1 MiB a file)."""
@@ -329,7 +331,8 @@ def _record_range(workdir_ssd: str, disk: dict, start: int, length: int) -> list
     return [f"ssd/ssd-{file_index:04d}.data", at, at + length]
 
 
-def test_eio_on_a_read_is_a_miss_for_that_value_only_and_eio_on_writes_keeps_dram(eio_fuse):
+def test_eio_on_a_read_is_a_miss_for_that_value_only_and_eio_on_writes_keeps_dram(
+        eio_fuse):  # noqa: F811
     workdir = str(eio_fuse.mountpoint.parent)
     # The disk tier's directory on the fault-injecting file system.
     node = DaemonProcess(workdir, segments={"size_bytes": SEGMENT_BYTES},
