@@ -385,3 +385,14 @@ def test_eio_on_a_read_is_a_miss_for_that_value_only_and_eio_on_writes_keeps_dra
                 assert tcp.get(key) == value
     finally:
         node.close()
+
+
+def test_a_directory_formatted_with_other_sizes_stops_start_with_a_message(tmp_path):
+    node = ssd_daemon(str(tmp_path))
+    node.start()
+    assert node.terminate() == 0
+    other = ssd_daemon(str(tmp_path), ssd={"region_bytes": 2 << 20})
+    with pytest.raises(RuntimeError) as info:
+        other.start()
+    assert "[ssd] directory" in str(info.value)
+    other.close()

@@ -231,9 +231,15 @@ class Daemon:
 
         def on_reclaim(records) -> None:
             self.tiering.on_reclaim(records)
-        tier = await tier_module.DiskTier.open(self.config.ssd,
-                                               loop=asyncio.get_running_loop(),
-                                               on_reclaim=on_reclaim)
+        try:
+            tier = await tier_module.DiskTier.open(self.config.ssd,
+                                                   loop=asyncio.get_running_loop(),
+                                                   on_reclaim=on_reclaim)
+        except OSError:
+            raise  # "cannot start: ..." with the system's reason
+        except Exception as exc:  # formatted with other sizes, in use, no room for the files
+            raise SystemExit(f"mooncaked: [ssd] directory {self.config.ssd.directory}: "
+                             f"{exc}") from None
         self.tiering = Tiering(self, self.config.ssd, tier, tier_module)
         self.tiering.attach()
         recovered = await self.tiering.recover(self.now_ms())
