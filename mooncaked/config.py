@@ -197,6 +197,50 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class SsdConfig:
+    enabled: bool = _key(False, doc="keep a disk tier on local SSD (README, \"SSD tier\")")
+    directory: str = _key("/var/lib/mooncaked/ssd", doc="directory of the tier's data files "
+                          "and ssd.meta; on the SSD, not on tmpfs (O_DIRECT is refused there)")
+    capacity_bytes: int = _key(0, 0, 1 << 50, unit="bytes",
+                               doc="disk space the tier uses, rounded down to whole regions; "
+                               "0 = no disk tier")
+    file_bytes: int = _key(GIB, 4096, 1 << 44, unit="bytes",
+                           doc="size of each preallocated data file; a multiple of "
+                           "region_bytes")
+    region_bytes: int = _key(64 * MIB, 8192, 1 << 34, unit="bytes",
+                             doc="unit of append and reclaim; a multiple of block_bytes")
+    block_bytes: int = _key(4096, 4096, MIB, unit="bytes",
+                            doc="I/O alignment and record granularity (power of two); a "
+                            "record's header and namespace + key fit one block")
+    queue_depth: int = _key(32, 1, 4096, doc="disk reads and writes in flight at most")
+    bounce_bytes: int = _key(64 * MIB, 4096, 1 << 40, unit="bytes",
+                             doc="aligned staging memory for record headers, values' last "
+                             "partial blocks and values whose memory is not page-aligned")
+    reclaim_free_regions: int = _key(2, 1, 1 << 20,
+                                     doc="reclaim the oldest region when fewer regions "
+                                     "than this are free")
+    reformat_on_mismatch: bool = _key(False, doc="a directory formatted with other sizes is "
+                                      "erased and formatted anew instead of refused at start")
+    offload_watermark_ratio: float = _key(0.7, 0.0, 1.0, unit="ratio",
+                                          doc="above this share of DRAM used, the coldest "
+                                          "objects are written to disk in the background, so "
+                                          "that eviction frees their DRAM without losing them")
+    offload_bytes_in_flight: int = _key(256 * MIB, 4096, 1 << 40, unit="bytes",
+                                        doc="value bytes being written to disk at most "
+                                        "(each copied out of DRAM while written)")
+    promote: bool = _key(True, doc="a value read from disk often enough gets a DRAM replica "
+                         "again")
+    promote_threshold: int = _key(2, 1, 15, doc="disk hits (Count-Min estimate) that promote "
+                                  "a value to DRAM")
+    promote_sketch_width: int = _key(65536, 64, 1 << 26,
+                                     doc="counters per row of the Count-Min admission sketch "
+                                     "(4 rows of 4-bit counters, halved every 10 x width "
+                                     "hits)")
+    write_through: bool = _key(False, doc="every put is written to disk at its end as well; "
+                               "a put's config (write_through) overrides it")
+
+
+@dataclass(frozen=True)
 class TLSConfig:
     enabled: bool = _key(False, doc="TLS on the TCP listener and, in a cluster, mutual TLS on "
                          "the peer links; the Unix socket stays plain")
@@ -283,6 +327,7 @@ class Config:
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    ssd: SsdConfig = field(default_factory=SsdConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
@@ -480,6 +525,17 @@ def _check_relations(config: Config, path: str) -> None:
                           "put_start_release_timeout_ms")
     if store.soft_pin_ttl_ms > store.max_soft_pin_ttl_ms:
         raise ConfigError(f"{path}: [store] soft_pin_ttl_ms must not exceed max_soft_pin_ttl_ms")
+    ssd = config.ssd
+    if ssd.enabled and config.cluster.enabled:
+        raise ConfigError(f"{path}: [ssd] enabled is not supported with [cluster] enabled yet "
+                          "(a cluster node's reads cannot reach a value on another node's "
+                          "disk); set it to false")
+    if ssd.enabled and ssd.offload_watermark_ratio >= store.eviction_high_watermark_ratio:
+        raise ConfigError(f"{path}: [ssd] offload_watermark_ratio = "
+                          f"{ssd.offload_watermark_ratio} must be below [store] "
+                          f"eviction_high_watermark_ratio = "
+                          f"{store.eviction_high_watermark_ratio}: offloading runs ahead of "
+                          "eviction, so that eviction finds objects already on disk")
     cluster = config.cluster
     if cluster.enabled:
         if cluster.node_id == 0:
@@ -498,7 +554,29 @@ def _check_relations(config: Config, path: str) -> None:
             transfer.port_max - transfer.port_min < 1 and transfer.port_min:
         raise ConfigError(f"{path}: [transfer] port_min and port_max must both be 0 (any free "
                           "port) or a range of at least two ports (a segment takes two)")
+    _check_ssd(config.ssd, path)
     _check_tls(config, path)
+
+
+def _check_ssd(ssd: SsdConfig, path: str) -> None:
+    if ssd.block_bytes & (ssd.block_bytes - 1):
+        raise ConfigError(f"{path}: [ssd] block_bytes = {ssd.block_bytes} must be a power of two")
+    if ssd.region_bytes % ssd.block_bytes or ssd.region_bytes < 2 * ssd.block_bytes:
+        raise ConfigError(f"{path}: [ssd] region_bytes = {ssd.region_bytes} must be a multiple "
+                          f"of block_bytes ({ssd.block_bytes}) and at least two blocks")
+    if ssd.file_bytes % ssd.region_bytes:
+        raise ConfigError(f"{path}: [ssd] file_bytes = {ssd.file_bytes} must be a multiple of "
+                          f"region_bytes ({ssd.region_bytes})")
+    if ssd.bounce_bytes < ssd.block_bytes:
+        raise ConfigError(f"{path}: [ssd] bounce_bytes must be at least block_bytes")
+    if ssd.enabled:
+        if not ssd.directory:
+            raise ConfigError(f"{path}: [ssd] enabled needs directory")
+        regions = ssd.capacity_bytes // ssd.region_bytes
+        if regions <= ssd.reclaim_free_regions:
+            raise ConfigError(f"{path}: [ssd] capacity_bytes = {ssd.capacity_bytes} holds "
+                              f"{regions} regions of {ssd.region_bytes} bytes; enabled needs "
+                              f"more than reclaim_free_regions ({ssd.reclaim_free_regions})")
 
 
 def _check_tls(config: Config, path: str) -> None:

@@ -9,6 +9,7 @@ wire/PROTOCOL.md section 5.3.
 
     status                       the daemon's state
     segments                     each segment's size and usage
+    tiers                        DRAM and disk tier usage, offload and promotion, rates
     objects ls [--namespace NS] [--prefix P] [--regex R] [--limit N]
     objects stat KEY
     objects rm KEY [--force]
@@ -46,6 +47,9 @@ units (`64.0 MiB`). `-o json` prints JSON (indent 2, sorted keys) whose schema i
   `puts_in_progress` (and whatever else the daemon adds);
 - `segments`: the list of segment maps `{id, name, size_bytes, used_bytes, free_bytes,
   allocations, largest_free_bytes, shm_path}`;
+- `tiers`: the daemon's `status` `tiers` map (PROTOCOL.md 5.3: `dram`, `ssd`, `offload`,
+  `promotion`, `eviction`) and `rates_per_s` (counts per second between two samples
+  `--interval` apart; empty with `--interval 0`);
 - `objects ls`: a list of object maps `{namespace, key, size_bytes, state, replicas:
   [{segment_id, offset}], lease_expires_in_ms, soft_pin_expires_in_ms, hard_pin,
   created_ms_ago}`, sorted by (namespace, key);
@@ -76,6 +80,7 @@ import contextlib
 import json
 import shlex
 import ssl
+import time
 from typing import Any, Iterator
 
 import click
@@ -288,6 +293,50 @@ def status(settings: Settings) -> None:
     with connected(settings) as client:
         data = client.status()
     emit(settings, data, format_table(["FIELD", "VALUE"], _flatten(data)))
+
+
+_TIER_RATES = (("offload", "done", "offloads/s"), ("offload", "bytes", "offload bytes/s"),
+               ("promotion", "done", "promotions/s"), ("dram", "hits", "DRAM hits/s"),
+               ("ssd", "hits", "SSD hits/s"), ("ssd", "evictions", "SSD evictions/s"))
+
+
+@cli.command()
+@click.option("--interval", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Seconds between the two samples the rates are taken from; 0 = no rates.")
+@click.pass_obj
+def tiers(settings: Settings, interval: float) -> None:
+    """Usage of DRAM and the disk tier, offload and promotion queues, and their rates."""
+    with connected(settings) as client:
+        first = client.status().get("tiers")
+        if first is None:
+            raise CtlError("the daemon has no disk tier ([ssd] enabled is false)")
+        data = first
+        if interval:
+            time.sleep(interval)
+            data = client.status()["tiers"]
+    rates = {label: round((data[block][name] - first[block][name]) / interval, 1)
+             for block, name, label in _TIER_RATES} if interval else {}
+    data = {**data, "rates_per_s": rates}
+    dram, ssd = data["dram"], data["ssd"]
+    rows = [["dram", human_bytes(dram["capacity_bytes"]), human_bytes(dram["used_bytes"]),
+             dram["objects"], dram["hits"]],
+            ["ssd", human_bytes(ssd.get("capacity_bytes", 0)),
+             human_bytes(ssd.get("used_bytes", 0)), ssd["objects"], ssd["hits"]]]
+    offload, promotion = data["offload"], data["promotion"]
+    lines = [format_table(["TIER", "CAPACITY", "USED", "OBJECTS", "HITS"], rows), "",
+             f"offload: {offload['in_flight']} in flight ({human_bytes(offload['in_flight_bytes'])})"
+             f", {offload['queued_write_through']} write-through queued, {offload['done']} done"
+             f" ({human_bytes(offload['bytes'])}), {offload['failed']} failed, "
+             f"{offload['disk_full']} refused (disk full)"
+             + (", disk FULL" if ssd.get("full") else ""),
+             f"promotion: {promotion['done']} done ({human_bytes(promotion['bytes'])}), "
+             f"threshold {promotion['threshold']}" + ("" if promotion["enabled"] else " (off)"),
+             f"eviction: {data['eviction']['to_disk']} kept on disk, "
+             f"{data['eviction']['without_offload']} lost (no disk copy); "
+             f"{ssd['evictions']} evicted from disk, {ssd['disk_only_objects']} on disk only"]
+    if rates:
+        lines.append("rates: " + ", ".join(f"{value} {label}" for label, value in rates.items()))
+    emit(settings, data, "\n".join(lines))
 
 
 @cli.command()

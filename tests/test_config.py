@@ -201,7 +201,7 @@ def test_top_level_key_is_named_as_a_key_outside_any_section(tmp_path):
     assert "key size_bytes is outside any section" in message
     assert "belongs in [segments]" in message
     # A key two sections have: both named; a key no section has: said so.
-    assert "[cluster] or [tls] or [metrics]" in load_text(tmp_path, "enabled = true\n")
+    assert "[cluster] or [ssd] or [tls] or [metrics]" in load_text(tmp_path, "enabled = true\n")
     assert "no section has such a key" in load_text(tmp_path, "bogus = 1\n")
 
 

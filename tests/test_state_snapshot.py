@@ -458,6 +458,23 @@ def next_command(rng: random.Random, state: StateMachine, now: int):
             started = version.started_ms if rng.random() < 0.8 else version.started_ms + 1
             return c.MoveCommit(reserved, key, copy.writer_id, version.writer_id, started,
                                 now, now + rng.randint(0, 600))
+    if roll < 0.985:  # a disk copy of a readable version, or a record found on disk
+        readable = [(k, e.complete) for k, e in state.objects.items() if e.complete]
+        node = rng.choice((0,) + NODES)
+        if readable and rng.random() < 0.8:
+            key, version = rng.choice(readable)
+            return c.AddDiskReplica(key, version.writer_id, version.started_ms, node,
+                                    rng.randrange(4), rng.randrange(8) * 4096,
+                                    version.size_bytes, rng.getrandbits(32))
+        return c.AddDiskReplica(rng.choice(KEYS), 0, now, node, rng.randrange(4),
+                                rng.randrange(8) * 4096, rng.randint(1, 9000),
+                                rng.getrandbits(32), True)
+    if roll < 0.995:
+        copies = [(k, e.complete.disk) for k, e in state.objects.items()
+                  if e.complete and e.complete.disk]
+        if copies:
+            key, disk = rng.choice(copies)
+            return c.DropDiskReplica(key, disk.node_id, disk.region, disk.offset)
     return c.ReleaseExpired(now)
 
 
@@ -465,8 +482,11 @@ def normalise(value):
     if isinstance(value, Replica):
         return ("replica", value.segment_id, value.offset, value.handle)
     if isinstance(value, Version):
+        disk = value.disk
         return ("version", value.size_bytes, value.writer_id, value.started_ms,
-                normalise(value.replicas))
+                normalise(value.replicas),
+                disk and (disk.node_id, disk.region, disk.offset, disk.size_bytes,
+                          disk.disk_version))
     if isinstance(value, list):
         return [normalise(v) for v in value]
     return value
@@ -480,8 +500,8 @@ def apply(state: StateMachine, command):
 
 
 # A seed of commands_for whose state has every table non-empty (preempted upserts, settings
-# from the log and generations included), for the garbage cases.
-SEED_WITH_EVERY_TABLE = 407
+# from the log, generations and disk copies included), for the garbage cases.
+SEED_WITH_EVERY_TABLE = 1043
 
 
 def commands_for(seed: int, count: int) -> list:
@@ -535,6 +555,8 @@ def test_repeated_snapshots_and_successes_are_exercised():
         result = apply(leader, command)
         if result[0] == "ok":
             kinds.add(type(command).__name__)
+        if result == ("ok", True) and type(command) in (c.AddDiskReplica, c.DropDiskReplica):
+            kinds.add(f"{type(command).__name__}{'+recovered' * getattr(command, 'recovered', 0)}")
         most_objects = max(most_objects, len(leader.objects))
         most_deferred = max(most_deferred, len(leader._deferred))
         most_pending = max(most_pending, len(leader.pending_order))
@@ -546,7 +568,8 @@ def test_repeated_snapshots_and_successes_are_exercised():
         most_preempted = max(most_preempted, len(leader.preempted))
     assert kinds >= {"MountSegment", "NodeUp", "PutStart", "PutEnd", "PutRevoke", "Remove",
                      "Evict", "ReleaseExpired", "NodeDown", "UnmountSegment",
-                     "MoveCommit", "SetStoreSettings"}, kinds
+                     "MoveCommit", "SetStoreSettings", "AddDiskReplica",
+                     "AddDiskReplica+recovered", "DropDiskReplica"}, kinds
     assert most_objects >= 6 and most_deferred >= 2 and most_pending >= 3  # not trivial states
     assert most_preempted >= 1
 
@@ -614,7 +637,7 @@ def _garbage_snapshots(good: bytes):
     def set_field(name, value):
         return mutated(lambda t: t.__setitem__(name, value))
 
-    yield set_field("format", 5)
+    yield set_field("format", 6)
     yield set_field("config", [1, 2, 3, "nowhere_first"])
     yield set_field("config", [0, 2, 3, "random"])
     yield set_field("config", [1, 5, 3, "random"])  # discard after release
@@ -663,6 +686,17 @@ def _garbage_snapshots(good: bytes):
     yield mutated(lambda t: t["preempted"].append(t["preempted"][0]))
     yield mutated(lambda t: t["objects"][0].__setitem__(8, 1))
     yield mutated(lambda t: t.pop("preempted"))
+
+    def disk_version_row(t):
+        return next(o[6] for o in t["objects"] if o[6] and o[6][5])
+
+    yield mutated(lambda t: disk_version_row(t)[5].__setitem__(3, 0))  # size differs
+    yield mutated(lambda t: disk_version_row(t)[5].__setitem__(1, "r"))
+    yield mutated(lambda t: disk_version_row(t)[5].pop())
+    yield mutated(lambda t: disk_version_row(t).__setitem__(3, []) or disk_version_row(t)
+                  .__setitem__(5, None))  # neither replicas nor a disk copy
+    yield mutated(lambda t: next(o for o in t["objects"] if o[7])[7]
+                  .__setitem__(5, [0, 0, 0, next(o for o in t["objects"] if o[7])[7][0], 1]))
 
 
 def test_restore_rejects_garbage_and_changes_nothing():

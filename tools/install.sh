@@ -41,6 +41,7 @@ packages=(
     systemd                                # systemd-analyze, to check the unit file
     nftables                               # nft, for the partitions of the cluster fault tests
     openssl                                # makes the certificates of the TLS tests and bench
+    libfuse2                               # the EIO-injecting FUSE file system of the SSD tests
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -129,3 +129,13 @@ cdef extern from "liburing.h" nogil:
     void io_uring_prep_poll_add(io_uring_sqe *sqe, int fd, unsigned poll_mask)
     void io_uring_prep_poll_remove(io_uring_sqe *sqe, uint64_t user_data)
     void io_uring_prep_cancel64(io_uring_sqe *sqe, uint64_t user_data, int flags)
+
+    # The disk ring (_native/disk/disk_ring.pyx): file reads, writes and datasyncs, with
+    # completions announced on an eventfd.
+    enum:
+        IORING_FSYNC_DATASYNC
+    int io_uring_queue_init(unsigned entries, io_uring *ring, unsigned flags)
+    int io_uring_register_eventfd(io_uring *ring, int fd)
+    void io_uring_prep_write(io_uring_sqe *sqe, int fd, const void *buf, unsigned nbytes,
+                             uint64_t offset)
+    void io_uring_prep_fsync(io_uring_sqe *sqe, int fd, unsigned fsync_flags)

@@ -23,6 +23,9 @@ class ReplicateConfig:
     with_soft_pin: bool = False
     soft_pin_ttl_ms: int | None = None
     with_hard_pin: bool = False
+    # Write the value to the daemon's disk tier at put end as well; None: as its [ssd]
+    # write_through says.
+    write_through: bool | None = None
 
     def to_wire(self) -> dict | None:
         wire: dict[str, Any] = {}
@@ -36,6 +39,8 @@ class ReplicateConfig:
             wire["soft_pin_ttl_ms"] = self.soft_pin_ttl_ms
         if self.with_hard_pin:
             wire["with_hard_pin"] = True
+        if self.write_through is not None:
+            wire["write_through"] = self.write_through
         return wire or None
 
 

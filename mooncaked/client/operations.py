@@ -60,13 +60,28 @@ def put(context, key: str, value, config: ReplicateConfig | None) -> Operation:
     return (yield calls.put(key, value, config))
 
 
+def _shared_location(key: str) -> Operation:
+    """get_replica's [segment_id, offset, size, tier]; None when the value is on the
+    daemon's disk only and it has no DRAM to read it into now (NO_AVAILABLE_HANDLE): the value
+    is then read through the socket."""
+    try:
+        return (yield calls.simple("get_replica", key))
+    except MooncakedError as exc:
+        if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
+            raise
+        return None
+
+
 def get(context, key: str) -> Operation:
     if context.segments is None:
         if context.get_staging is not None:
             return (yield from _get_staged(context, key, None, 0))
         return (yield calls.get(key))
     started = time.monotonic()
-    segment_id, offset, size = yield calls.simple("get_replica", key)
+    location = yield from _shared_location(key)
+    if location is None:
+        return (yield calls.get(key))
+    segment_id, offset, size = location[:3]
     value = new_bytes(size)  # filled by the copy before anyone sees it
     context.segments.read(segment_id, offset, buffer_address(value), size)
     _check_lease(context, started)
@@ -229,7 +244,10 @@ def get_into_address(context, key: str, address: int, size_bytes: int) -> Operat
             return (yield from _get_staged(context, key, address, size_bytes))
         return (yield calls.get(key, into=_raw(address, size_bytes)))
     started = time.monotonic()
-    segment_id, offset, value_size = yield calls.simple("get_replica", key)
+    location = yield from _shared_location(key)
+    if location is None:
+        return (yield calls.get(key, into=_raw(address, size_bytes)))
+    segment_id, offset, value_size = location[:3]
     if value_size > size_bytes:
         raise error_for(ErrorCode.INVALID_PARAMS,
                         f"the value has {value_size} bytes, the buffer {size_bytes}")
@@ -387,10 +405,22 @@ def batch_get_into_ranges(context, keys: Sequence[str],
     started = time.monotonic()
     locations = yield calls.simple("batch_get_replica", wanted)
     for i, location in zip(valid, locations):
+        if location == ErrorCode.NO_AVAILABLE_HANDLE:  # on disk, no DRAM to read it into
+            try:
+                value = yield calls.get(keys[i])
+            except MooncakedError as exc:
+                results[i] = int(exc.code)
+                continue
+            if capacities is not None and len(value) > capacities[i]:
+                results[i] = _INVALID
+            else:
+                _copy_clipped(buffer_address(value), len(value), ranges_per_key[i])
+                results[i] = len(value)
+            continue
         if type(location) is not list:
             results[i] = location
             continue
-        segment_id, offset, value_size = location
+        segment_id, offset, value_size = location[:3]  # then the tier it was read from
         if capacities is not None and value_size > capacities[i]:
             results[i] = _INVALID
             continue

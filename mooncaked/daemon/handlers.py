@@ -6,6 +6,7 @@ daemon/connection.py). It does no I/O of its own.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -156,7 +157,7 @@ def _put(conn, params: list, payload_length: int, upsert: bool):
     def complete() -> Reply:
         daemon.copy_to_other_replicas(replicas, payload_length)
         daemon.master.put_end(key, conn.connection_id, daemon.now_ms())
-        return _TRUE
+        return daemon.settled(_TRUE)  # an upsert's old value leaves the disk tier too
 
     def abort() -> None:
         daemon.master.put_revoke(key, conn.connection_id)
@@ -176,21 +177,42 @@ def _leased_version(conn, key, now_ms: int):
     version = conn.daemon.master.get(key, now_ms)
     if version is None:
         raise MooncakedError(ErrorCode.OBJECT_NOT_FOUND, "no such object")
+    if not version.replicas:  # on disk only: the lease holds its record (daemon/tiering.py)
+        conn.daemon.tiering.hold(key, version)
     return version
 
 
 def handle_get(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[key]")
     daemon = conn.daemon
-    version = _leased_version(conn, _key(conn, params[0]), daemon.now_ms())
+    key = _key(conn, params[0])
+    version = _leased_version(conn, key, daemon.now_ms())
+    if not version.replicas:  # on disk only (daemon/tiering.py)
+        return _disk_get(daemon, key, version)
+    if daemon.tiering is not None:
+        daemon.tiering.stats.dram_hits += 1
     return Reply(version.size_bytes,
                  [daemon.replica_view(version.replicas[0], version.size_bytes)])
+
+
+async def _disk_get(daemon, key, version) -> Reply:
+    return Reply(version.size_bytes, [await daemon.tiering.read_value(key, version)])
 
 
 def handle_exists(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[key]")
     daemon = conn.daemon
-    return _TRUE if daemon.master.exists(_key(conn, params[0]), daemon.now_ms()) else _FALSE
+    return _TRUE if _exists(daemon, _key(conn, params[0]), daemon.now_ms()) else _FALSE
+
+
+def _exists(daemon, key, now_ms: int) -> bool:
+    """Whether the key is readable, under a read lease (on disk only: its record held)."""
+    version = daemon.master.get(key, now_ms)
+    if version is None:
+        return False
+    if not version.replicas:
+        daemon.tiering.hold(key, version)
+    return True
 
 
 def handle_get_size(conn, params: list, payload_length: int) -> Reply:
@@ -204,7 +226,7 @@ def handle_remove(conn, params: list, payload_length: int) -> Reply:
     daemon = conn.daemon
     force = _bool(_optional(params, 1, False), "force")
     daemon.master.remove(_key(conn, params[0]), force, daemon.now_ms())
-    return _ZERO
+    return daemon.settled(_ZERO)
 
 
 def handle_remove_by_regex(conn, params: list, payload_length: int) -> Reply:
@@ -217,14 +239,16 @@ def handle_remove_by_regex(conn, params: list, payload_length: int) -> Reply:
         raise _invalid(f"bad regular expression: {exc}") from None
     force = _bool(_optional(params, 1, False), "force")
     daemon = conn.daemon
-    return Reply(daemon.master.remove_matching(conn.namespace, pattern, force, daemon.now_ms()))
+    return daemon.settled(Reply(daemon.master.remove_matching(conn.namespace, pattern, force,
+                                                              daemon.now_ms())))
 
 
 def handle_remove_all(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 0, 1, "[force?]")
     force = _bool(_optional(params, 0, False), "force")
     daemon = conn.daemon
-    return Reply(daemon.master.remove_matching(conn.namespace, None, force, daemon.now_ms()))
+    return daemon.settled(Reply(daemon.master.remove_matching(conn.namespace, None, force,
+                                                              daemon.now_ms())))
 
 
 def handle_batch_put(conn, params: list, payload_length: int):
@@ -273,23 +297,47 @@ def handle_batch_get(conn, params: list, payload_length: int) -> Reply:
                              f"the values add up to {total} bytes, over max_payload_bytes "
                              f"{daemon.max_payload_bytes}: ask for fewer keys")
     now_ms = daemon.now_ms()
-    results, pieces = [], []
+    results, pieces, on_disk = [], [], []
     for key in keys:
         version = daemon.master.get(key, now_ms)
         if version is None:
             results.append(int(ErrorCode.OBJECT_NOT_FOUND))
+        elif not version.replicas:  # on disk only: read below
+            daemon.tiering.hold(key, version)
+            on_disk.append((len(results), len(pieces), key, version))
+            results.append(version.size_bytes)
+            pieces.append(None)
         else:
             results.append(version.size_bytes)
             pieces.append(daemon.replica_view(version.replicas[0], version.size_bytes))
+    if daemon.tiering is not None:
+        daemon.tiering.stats.dram_hits += len(pieces) - len(on_disk)
+    if on_disk:
+        return _disk_batch_get(daemon, results, pieces, on_disk)
     return Reply(results, pieces)
+
+
+async def _disk_batch_get(daemon, results: list, pieces: list, on_disk: list) -> Reply:
+    """Fill in the values of a batch_get that are on disk only; one that cannot be read is
+    a miss (its result OBJECT_NOT_FOUND, no piece)."""
+    read = await asyncio.gather(*(daemon.tiering.read_value(key, version)
+                                  for _, _, key, version in on_disk), return_exceptions=True)
+    for (result_index, piece_index, _, _), value in zip(on_disk, read):
+        if isinstance(value, MooncakedError):
+            results[result_index] = int(value.code)
+        elif isinstance(value, BaseException):
+            raise value
+        else:
+            pieces[piece_index] = value
+    return Reply(results, [piece for piece in pieces if piece is not None])
 
 
 def handle_batch_exists(conn, params: list, payload_length: int) -> Reply:
     _arity(params, 1, 1, "[keys]")
     keys = _keys(conn, params[0])
     daemon = conn.daemon
-    exists, now_ms = daemon.master.exists, daemon.now_ms()
-    return Reply([1 if exists(key, now_ms) else 0 for key in keys])
+    now_ms = daemon.now_ms()
+    return Reply([1 if _exists(daemon, key, now_ms) else 0 for key in keys])
 
 
 def handle_batch_remove(conn, params: list, payload_length: int) -> Reply:
@@ -305,7 +353,7 @@ def handle_batch_remove(conn, params: list, payload_length: int) -> Reply:
             codes.append(0)
         except MooncakedError as exc:
             codes.append(exc.code)
-    return Reply(codes)
+    return daemon.settled(Reply(codes))
 
 
 # -- values through shared memory ---------------------------------------------------------------
@@ -516,25 +564,65 @@ def handle_batch_put_commit(conn, params: list, payload_length: int) -> Reply:
     return Reply([codes, reservations.grant(conn, wanted, now_ms)])
 
 
-def _replica_location(conn, key, now_ms: int) -> list[int]:
+TIER_DRAM = "dram"
+TIER_SSD = "ssd"
+
+
+def _replica_location(conn, key, now_ms: int):
+    """[segment_id, offset, size, tier] of the value, or for a value on disk only a
+    coroutine giving it once the value is read into a range the connection maps."""
     version = _leased_version(conn, key, now_ms)
-    replica = conn.daemon.local_replica(version)
+    daemon = conn.daemon
+    if not version.replicas:
+        return _disk_replica_location(conn, key, version)
+    replica = daemon.local_replica(version)
     _require_mappable(conn, replica.segment_id)
-    return [replica.segment_id, replica.offset, version.size_bytes]
+    if daemon.tiering is not None:
+        daemon.tiering.stats.dram_hits += 1
+    return [replica.segment_id, replica.offset, version.size_bytes, TIER_DRAM]
 
 
-def handle_get_replica(conn, params: list, payload_length: int) -> Reply:
+async def _disk_replica_location(conn, key, version) -> list:
+    replica = await conn.daemon.tiering.read_shared(key, version)
+    return [replica.segment_id, replica.offset, version.size_bytes, TIER_SSD]
+
+
+def handle_get_replica(conn, params: list, payload_length: int):
     _require_unix(conn)
     _arity(params, 1, 1, "[key]")
-    return Reply(_replica_location(conn, _key(conn, params[0]), conn.daemon.now_ms()))
+    location = _replica_location(conn, _key(conn, params[0]), conn.daemon.now_ms())
+    if type(location) is list:
+        return Reply(location)
+    return _awaited_reply(location)
 
 
-def handle_batch_get_replica(conn, params: list, payload_length: int) -> Reply:
+async def _awaited_reply(location) -> Reply:
+    return Reply(await location)
+
+
+def handle_batch_get_replica(conn, params: list, payload_length: int):
     _require_unix(conn)
     _arity(params, 1, 1, "[keys]")
     now_ms = conn.daemon.now_ms()
-    return Reply(_per_key(lambda key: _replica_location(conn, key, now_ms),
-                          _keys(conn, params[0])))
+    locations = _per_key(lambda key: _replica_location(conn, key, now_ms),
+                         _keys(conn, params[0]))
+    if not any(asyncio.iscoroutine(location) for location in locations):
+        return Reply(locations)
+    return _disk_batch_locations(locations)
+
+
+async def _disk_batch_locations(locations: list) -> Reply:
+    """Read the values on disk only of a batch_get_replica, one after the other (each into
+    a range of its own); one that cannot be read answers its error code."""
+    results = []
+    for location in locations:
+        if asyncio.iscoroutine(location):
+            try:
+                location = await location
+            except MooncakedError as exc:
+                location = int(exc.code)
+        results.append(location)
+    return Reply(results)
 
 
 # -- administration -----------------------------------------------------------------------------

@@ -51,6 +51,9 @@ def monotonic_ms() -> int:
 
 
 class Daemon:
+    # The module of the disk tier (mooncaked.ssd.tier when None); tests give another.
+    disk_tier_module = None
+
     def __init__(self, config: config_module.Config,
                  authenticator: auth.Authenticator | None = None) -> None:
         self.config = config
@@ -130,6 +133,7 @@ class Daemon:
         self.get_staging = None  # a cluster node's GetStaging, for its local clients' gets
         # Local clients' transfer segments (te_* methods), None when [transfer] is off.
         self.transfer = TransferSegments(config.transfer) if config.transfer.enabled else None
+        self.tiering = None  # daemon/tiering.py, when [ssd] is on (single node)
         self.exit_status = 0  # EXIT_FAILED after fail_stop
 
     # -- start-up ---------------------------------------------------------------------------
@@ -173,6 +177,9 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self._drained = asyncio.Event()
         self.mount_segments()
+        if self.config.ssd.enabled and self.config.ssd.capacity_bytes \
+                and not self.config.cluster.enabled:
+            await self._open_disk_tier()
         server = self.config.server
         tcp = await loop.create_server(self._tcp_protocol_factory(loop), server.tcp_host,
                                        server.tcp_port, reuse_address=True)
@@ -217,6 +224,41 @@ class Daemon:
                  server.unix_socket or "-", self.metrics_port or "-", len(self.memory),
                  self.config.segments.size_bytes, self.loop_name())
         self._notifier.notify(READY="1", STATUS=self._status_line(), MAINPID=str(self.pid))
+
+    async def _open_disk_tier(self) -> None:
+        """Open the disk tier ([ssd]) and make what it recovered readable again."""
+        from mooncaked.daemon.tiering import Tiering
+        tier_module = self.disk_tier_module
+        if tier_module is None:
+            from mooncaked.ssd import tier as tier_module
+
+        def on_reclaim(records) -> None:
+            self.tiering.on_reclaim(records)
+        try:
+            tier = await tier_module.DiskTier.open(self.config.ssd,
+                                                   loop=asyncio.get_running_loop(),
+                                                   on_reclaim=on_reclaim)
+        except OSError:
+            raise  # "cannot start: ..." with the system's reason
+        except Exception as exc:  # formatted with other sizes, in use, no room for the files
+            raise SystemExit(f"mooncaked: [ssd] directory {self.config.ssd.directory}: "
+                             f"{exc}") from None
+        self.tiering = Tiering(self, self.config.ssd, tier, tier_module)
+        self.tiering.attach()
+        recovered = await self.tiering.recover(self.now_ms())
+        status = tier.status()
+        log.info("disk tier in %s: %d of %d bytes, %d object(s) recovered%s",
+                 self.config.ssd.directory, status.get("used_bytes", 0),
+                 status.get("capacity_bytes", 0), recovered,
+                 "" if status.get("direct_io", True)
+                 else f"; without O_DIRECT ({status.get('direct_io_reason', '')})")
+
+    def settled(self, outcome):
+        """`outcome`, or with a disk tier a coroutine giving it once the versions the request
+        removed or replaced are off the disk (daemon/tiering.py Tiering.settle)."""
+        if self.tiering is None:
+            return outcome
+        return self.tiering.settle(outcome)
 
     def _start_get_staging(self) -> None:
         """A cluster node's local clients map its get staging area (cluster/get_staging.py)
@@ -319,6 +361,8 @@ class Daemon:
         released = self.master.tick(now_ms)
         if released and self.reservations:
             self.reservations.forget_released(self.connections)
+        if self.tiering is not None:
+            self.tiering.sweep(now_ms)
 
     def next_connection_id(self) -> int:
         self._connection_ids += 1
@@ -461,11 +505,16 @@ class Daemon:
         lease_left = max(0, self.master.lease_end_ms(key) - now_ms) if entry.complete else 0
         soft_left = (max(0, entry.soft_pin_deadline_ms - now_ms)
                      if entry.soft_pin_deadline_ms is not None else None)
+        disk = entry.complete.disk if entry.complete is not None else None
         return {
             "namespace": key[0], "key": key[1], "size_bytes": version.size_bytes,
             "state": "complete" if entry.complete else "writing",
             "replicas": [{"segment_id": r.segment_id, "offset": r.offset}
                          for r in version.replicas],
+            # Where the bytes are: "dram" (a replica, maybe a disk copy too) or "ssd" only.
+            "tier": "dram" if version.replicas else "ssd",
+            "disk": None if disk is None else {"node_id": disk.node_id, "region": disk.region,
+                                               "offset": disk.offset},
             "lease_expires_in_ms": lease_left, "soft_pin_expires_in_ms": soft_left,
             "hard_pin": entry.hard_pin, "created_ms_ago": now_ms - entry.created_ms}
 
@@ -487,6 +536,7 @@ class Daemon:
             "draining": self.draining, "namespaces": self.master.quota_report(),
             "cluster": self.cluster.status() if self.cluster is not None else None,
             "transfer": self.transfer.report() if self.transfer is not None else None,
+            "tiers": self.tiering.status() if self.tiering is not None else None,
             "evictions": {"runs": self.master.evictions.runs,
                           "objects": self.master.evictions.objects,
                           "bytes": self.master.evictions.bytes}}
@@ -551,6 +601,8 @@ class Daemon:
             self._sweep.cancel()
         if self.transfer is not None:
             await self.transfer.close_all()
+        if self.tiering is not None:
+            await self.tiering.close()
         if self.cluster is not None:
             self.cluster.close()
         if self._metrics is not None:

@@ -112,6 +112,67 @@ class StatsCollector:
                                   "malformed input", value=stats.protocol_errors)
         if daemon.cluster is not None and daemon.cluster.raft is not None:
             yield from self._cluster(daemon.cluster)
+        if daemon.tiering is not None:
+            yield from self._tiers(daemon.tiering.status(latency=True))
+
+    @staticmethod
+    def _tiers(tiers: dict):
+        """Both tiers side by side (label tier = dram or ssd), the disk tier's traffic, and
+        its I/O latency."""
+        dram, ssd = tiers["dram"], tiers["ssd"]
+        for name, help_text, kind, dram_value, ssd_value in (
+                ("mooncaked_tier_used_bytes", "Bytes used in a tier (DRAM: allocated segment "
+                 "bytes; SSD: written region bytes)", GaugeMetricFamily, dram["used_bytes"],
+                 ssd.get("used_bytes", 0)),
+                ("mooncaked_tier_capacity_bytes", "Capacity of a tier", GaugeMetricFamily,
+                 dram["capacity_bytes"], ssd.get("capacity_bytes", 0)),
+                ("mooncaked_tier_objects", "Objects with their bytes in a tier (one with a "
+                 "DRAM replica and a disk copy counts in both)", GaugeMetricFamily,
+                 dram["objects"], ssd["objects"]),
+                ("mooncaked_tier_hits", "Reads served from a tier", CounterMetricFamily,
+                 dram["hits"], ssd["hits"])):
+            family = kind(name, help_text, labels=["tier"])
+            family.add_metric(["dram"], dram_value)
+            family.add_metric(["ssd"], ssd_value)
+            yield family
+        offload, promotion = tiers["offload"], tiers["promotion"]
+        eviction = tiers["eviction"]
+        for name, help_text, value in (
+                ("mooncaked_ssd_misses", "Disk reads that failed (the record is dropped, "
+                 "the read is a miss)", ssd["misses"]),
+                ("mooncaked_ssd_evictions", "Disk-only objects lost to region reclaim",
+                 ssd["evictions"]),
+                ("mooncaked_ssd_offloads", "Values written to the disk tier and recorded",
+                 offload["done"]),
+                ("mooncaked_ssd_offload_bytes", "Bytes of values written to the disk tier",
+                 offload["bytes"]),
+                ("mooncaked_ssd_offload_failures", "Writes to the disk tier that failed",
+                 offload["failed"]),
+                ("mooncaked_ssd_offload_disk_full", "Writes refused for want of disk space",
+                 offload["disk_full"]),
+                ("mooncaked_ssd_promotions", "Values read from disk that got a DRAM replica",
+                 promotion["done"]),
+                ("mooncaked_evicted_to_disk_objects", "Objects whose DRAM eviction kept "
+                 "them readable from disk", eviction["to_disk"]),
+                ("mooncaked_evicted_without_offload_objects", "Objects evicted with no disk "
+                 "copy (lost)", eviction["without_offload"])):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("mooncaked_ssd_offload_in_flight_bytes", "Value bytes being "
+                                "written to the disk tier", value=offload["in_flight_bytes"])
+        for name, key in (("mooncaked_ssd_write_duration_seconds", "write_latency_us"),
+                          ("mooncaked_ssd_read_duration_seconds", "read_latency_us")):
+            histogram = ssd.get(key) or {}
+            if "bounds_us" not in histogram:
+                continue
+            family = HistogramMetricFamily(name, "Disk tier I/O time, request to completion "
+                                           "(a write: until durable)")
+            cumulative, running = [], 0
+            bounds = [str(b / 1e6) for b in histogram["bounds_us"]] + ["+Inf"]
+            for bound, count in zip(bounds, histogram["counts"]):
+                running += count
+                cumulative.append((bound, running))
+            family.add_metric([], cumulative, histogram["sum_us"] / 1e6)
+            yield family
 
     @staticmethod
     def _namespaces(report: list[dict]):

@@ -65,7 +65,7 @@ def sizes(value: Any, count: int) -> list[int]:
 
 
 _CONFIG_KEYS = {"replica_num", "preferred_segments", "with_soft_pin", "soft_pin_ttl_ms",
-                "with_hard_pin"}
+                "with_hard_pin", "write_through"}
 _DEFAULT_CONFIG = ReplicateConfig()
 
 
@@ -89,7 +89,11 @@ def replicate_config(conn, value: Any) -> ReplicateConfig:
         ttl = as_int(ttl, "soft_pin_ttl_ms", 1)
     elif soft_pin:
         ttl = conn.daemon.config.store.soft_pin_ttl_ms
+    write_through = value.get("write_through")
+    if write_through is not None:
+        write_through = as_bool(write_through, "write_through")
     config = ReplicateConfig(replica_num, tuple(preferred), ttl,
-                             as_bool(value.get("with_hard_pin", False), "with_hard_pin"))
+                             as_bool(value.get("with_hard_pin", False), "with_hard_pin"),
+                             write_through)
     conn.daemon.master.check_replicate_config(config)
     return config

@@ -40,6 +40,8 @@ TAGS: dict[type, int] = {
     c.Batch: 19,
     c.NodeReturn: 20,
     c.ReleaseDownNode: 21,
+    c.AddDiskReplica: 22,
+    c.DropDiskReplica: 23,
 }
 _BY_TAG = {tag: cls for cls, tag in TAGS.items()}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in TAGS}
@@ -71,6 +73,7 @@ _CHECKS = {
     "soft_pin_ttl_ms": lambda v: v is None or type(v) is int,
     "hard_pin": lambda v: type(v) is bool,
     "upsert": lambda v: type(v) is bool,
+    "recovered": lambda v: type(v) is bool,
     "name": lambda v: type(v) is str,
     "node_name": lambda v: type(v) is str,
     "client_address": lambda v: type(v) is str,

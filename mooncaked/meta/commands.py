@@ -361,6 +361,42 @@ class ArenaPut:
     term: int
 
 
+# The disk tier (README "SSD tier"): a readable version may have a copy on one node's disk
+# (state_machine.DiskReplica) besides its DRAM replicas, and stays readable while it has either.
+
+
+@dataclass(frozen=True, slots=True)
+class AddDiskReplica:
+    """Record that `node_id` wrote the readable version of `object_key` to its disk tier, at
+    (region, offset), `size_bytes` long, under `disk_version` (the record's version on disk).
+
+    Applied only while that version is still the readable one (same writer_id and started_ms,
+    same size) and has no disk copy; result True. Otherwise nothing changes and the result is
+    False: the writer then drops the record it wrote. `recovered`: a record found on disk at
+    start; it becomes the key's readable version (disk-only, writer_id and started_ms as
+    given) when the key has no entry at all, and is refused (False) otherwise."""
+    object_key: ObjectKey
+    writer_id: int
+    started_ms: int
+    node_id: int
+    region: int
+    offset: int
+    size_bytes: int
+    disk_version: int
+    recovered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DropDiskReplica:
+    """Forget the disk copy of `object_key`'s readable version that `node_id` holds at
+    (region, offset): reclaimed, unreadable, or its node lost its disk. A version left with
+    no DRAM replica is gone (the object with it). Result: whether a copy was dropped."""
+    object_key: ObjectKey
+    node_id: int
+    region: int
+    offset: int
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Several commands in one log entry (group commit: one entry, one write and one sync for

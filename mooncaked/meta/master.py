@@ -28,6 +28,8 @@ class ReplicateConfig:
     preferred_segments: tuple[str, ...] = ()
     soft_pin_ttl_ms: int | None = None  # None: no soft pin
     hard_pin: bool = False
+    # Write the value to the disk tier at put end as well (None: as [ssd] write_through says).
+    write_through: bool | None = None
 
 
 @dataclass
@@ -35,6 +37,10 @@ class EvictionStats:
     runs: int = 0
     objects: int = 0
     bytes: int = 0
+    # With a disk tier: objects dropped that had no disk copy (the others keep it), and
+    # objects whose DRAM replicas were freed because a disk copy holds their bytes.
+    without_offload: int = 0
+    to_disk: int = 0
 
 
 class MasterPolicy:
@@ -50,6 +56,11 @@ class MasterPolicy:
         self.access: dict[c.ObjectKey, int] = {}
         self.evictions = EvictionStats()
         self._rng = random.Random(seed)
+        # The disk tier (daemon/tiering.py): `tiered` makes eviction take objects with a disk
+        # copy first (it frees their DRAM only); `offloading` are objects being written to
+        # disk, whose DRAM replicas eviction leaves alone until the copy is recorded.
+        self.tiered = False
+        self.offloading: set[c.ObjectKey] = set()
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -150,12 +161,47 @@ class MasterPolicy:
         target_bytes = max(int(target_ratio * capacity), need_bytes)
         lower_bytes = max(int(max(target_ratio * 0.5, used_ratio - high) * capacity), need_bytes)
         chosen: list[c.ObjectKey] = []
-        freed = self._select_over_quota(now_ms, chosen, target_bytes, over_objects, pool)
+        freed = 0
+        if self.tiered:
+            freed = self._select_offloaded(now_ms, chosen, target_bytes, pool)
+        freed += self._select_over_quota(now_ms, chosen, target_bytes - freed, over_objects,
+                                         pool)
         freed += self._select(now_ms, chosen, target_bytes - freed, over_objects, False, pool)
         if freed < lower_bytes or len(chosen) < over_objects:
+            freed += self._select(now_ms, chosen, target_bytes - freed,
+                                  over_objects - len(chosen), True, pool)
+        if self.offloading and (freed < lower_bytes or len(chosen) < over_objects):
+            # Last, objects being written to disk: the write goes on from its own copy of the
+            # value, and is discarded when it ends (the object is gone by then).
             self._select(now_ms, chosen, target_bytes - freed, over_objects - len(chosen),
-                         True, pool)
+                         None, pool)
         return chosen
+
+    def _select_offloaded(self, now_ms: int, chosen: list, want_bytes: int,
+                          pool: str | None) -> int:
+        """Oldest lease first, objects whose bytes are on disk too: eviction frees their DRAM
+        replicas and they stay readable. Never leased, pinned or soft-pinned ones."""
+        objects = self.state.objects
+        pool_of = self.state.pool_of
+        freed = 0
+        for key, lease_end in self.access.items():
+            if freed >= want_bytes:
+                break
+            if lease_end > now_ms or (pool is not None and pool_of(key[0]) != pool):
+                continue
+            entry = objects.get(key)
+            version = entry.complete if entry is not None else None
+            if version is None or version.disk is None or not version.replicas \
+                    or entry.hard_pin or entry.soft_pinned(now_ms):
+                continue
+            chosen.append(key)
+            freed += version.size_bytes * len(version.replicas)
+        return freed
+
+    def _evictable(self, key: c.ObjectKey, entry) -> bool:
+        """Whether eviction may take the object's DRAM replicas in its usual passes (hard
+        pins apart): it has some, and is not being written to disk."""
+        return entry.complete.replicas and key not in self.offloading
 
     def _select_over_quota(self, now_ms: int, chosen: list, want_bytes: int,
                            want_objects: int, pool: str | None) -> int:
@@ -164,6 +210,7 @@ class MasterPolicy:
         excess = {ns: list(over) for ns, over in self.state.namespaces_over_quota().items()
                   if pool is None or self.state.pool_of(ns) == pool}
         objects = self.state.objects
+        taken = set(chosen)
         freed = 0
         for key, lease_end in self.access.items():
             if not excess or (freed >= want_bytes and len(chosen) >= want_objects):
@@ -173,7 +220,8 @@ class MasterPolicy:
                 continue
             entry = objects.get(key)
             if entry is None or entry.complete is None or entry.hard_pin \
-                    or entry.soft_pinned(now_ms):
+                    or entry.soft_pinned(now_ms) or not self._evictable(key, entry) \
+                    or key in taken:
                 continue
             chosen.append(key)
             size = entry.complete.size_bytes * len(entry.complete.replicas)
@@ -185,7 +233,10 @@ class MasterPolicy:
         return freed
 
     def _select(self, now_ms: int, chosen: list, want_bytes: int, want_objects: int,
-                soft_pinned: bool, pool: str | None) -> int:
+                soft_pinned: bool | None, pool: str | None) -> int:
+        """Oldest lease first, objects soft-pinned or not (`soft_pinned`); None: objects
+        being written to disk, pinned or not."""
+        offloading = self.offloading
         objects = self.state.objects
         pool_of = self.state.pool_of
         taken = set(chosen)
@@ -198,9 +249,13 @@ class MasterPolicy:
             if pool is not None and pool_of(key[0]) != pool:
                 continue
             entry = objects.get(key)
-            if entry is None or entry.complete is None or entry.hard_pin:
+            if entry is None or entry.complete is None or entry.hard_pin \
+                    or not entry.complete.replicas:
                 continue
-            if entry.soft_pinned(now_ms) != soft_pinned:
+            if soft_pinned is None:
+                if key not in offloading:
+                    continue
+            elif key in offloading or entry.soft_pinned(now_ms) != soft_pinned:
                 continue
             chosen.append(key)
             freed += entry.complete.size_bytes * len(entry.complete.replicas)
@@ -208,7 +263,24 @@ class MasterPolicy:
 
 
 class Master(MasterPolicy):
-    """A single node's master: every mutation applies its command to the state at once."""
+    """A single node's master: every mutation applies its command to the state at once.
+
+    `released`, when a list (a disk tier is on): every readable version that a remove or an
+    upsert took out of the state is appended, with its key, so that the caller drops its disk
+    copy (or waits for the one being written) before it answers."""
+
+    released: list | None = None
+    # Write-through (daemon/tiering.py): with `write_through_puts` a set, each put that asks
+    # for it (ReplicateConfig.write_through, None = `write_through_default`) is noted at its
+    # start, and `on_write_through(key)` is called when it ends.
+    write_through_puts: set | None = None
+    write_through_default = False
+    on_write_through = None
+
+    def _wants_write_through(self, config: ReplicateConfig) -> bool:
+        return self.write_through_puts is not None and (
+            self.write_through_default if config.write_through is None
+            else config.write_through)
 
     def propose(self, command):
         return self.state.apply(command)
@@ -226,22 +298,31 @@ class Master(MasterPolicy):
                              config.soft_pin_ttl_ms, config.hard_pin, upsert, writer_id, now_ms,
                              self._rng.getrandbits(32), owner_namespace)
         try:
-            return self.propose(command)
+            replicas = self.propose(command)
         except MooncakedError as exc:
             if exc.code != ErrorCode.NO_AVAILABLE_HANDLE:
                 raise
-        # No room: evict what may be evicted, at least enough for this value, and try once more.
-        pool = self.state.pool_of(key[0] if owner_namespace is None else owner_namespace)
-        self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1,
-                   pool=self._eviction_pool(pool))
-        return self.propose(command)
+            # No room: evict what may be evicted, at least enough for this value, and try
+            # once more.
+            pool = self.state.pool_of(key[0] if owner_namespace is None else owner_namespace)
+            self.evict(now_ms, need_bytes=size_bytes * config.replica_num, need_objects=1,
+                       pool=self._eviction_pool(pool))
+            replicas = self.propose(command)
+        if key[0] != c.RESERVED_NAMESPACE and self._wants_write_through(config):
+            self.write_through_puts.add((key, writer_id))
+        return replicas
 
     def put_end(self, key: c.ObjectKey, writer_id: int, now_ms: int) -> None:
         # An upsert's old bytes stay until the end of the key's current read lease.
         replaced_release_at = max(now_ms, self.lease_end_ms(key))
-        self.propose(c.PutEnd(key, writer_id, now_ms, replaced_release_at))
+        replaced = self.propose(c.PutEnd(key, writer_id, now_ms, replaced_release_at))
         self.access.pop(key, None)
         self.access[key] = now_ms
+        if replaced is not None and self.released is not None:
+            self.released.append((key, replaced))
+        if self.write_through_puts and (key, writer_id) in self.write_through_puts:
+            self.write_through_puts.discard((key, writer_id))
+            self.on_write_through(key)
 
     def put_commit(self, reserved_key: c.ObjectKey, key: c.ObjectKey, size_bytes: int,
                    config: ReplicateConfig, writer_id: int, now_ms: int) -> None:
@@ -254,8 +335,12 @@ class Master(MasterPolicy):
                                  config.hard_pin, writer_id, now_ms))
         self.access.pop(key, None)
         self.access[key] = now_ms
+        if self._wants_write_through(config):
+            self.on_write_through(key)
 
     def put_revoke(self, key: c.ObjectKey, writer_id: int) -> None:
+        if self.write_through_puts:
+            self.write_through_puts.discard((key, writer_id))
         self.propose(c.PutRevoke(key, writer_id))
 
     # -- removal ----------------------------------------------------------------------------
@@ -266,8 +351,10 @@ class Master(MasterPolicy):
                 and self.leased(key, now_ms):
             raise MooncakedError(ErrorCode.OBJECT_HAS_LEASE, "the object has a read lease")
         # A forced remove hides the object now; its bytes stay until the lease ends.
-        self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+        removed = self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
         self.access.pop(key, None)
+        if self.released is not None:
+            self.released.append((key, removed))
 
     def remove_matching(self, namespace: str | None, pattern: re.Pattern | None, force: bool,
                         now_ms: int) -> int:
@@ -281,8 +368,10 @@ class Master(MasterPolicy):
                     and (pattern is None or pattern.search(key[1]))
                     and (force or not self.leased(key, now_ms))]
         for key in selected:
-            self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
+            removed = self.propose(c.Remove(key, max(now_ms, self.lease_end_ms(key))))
             self.access.pop(key, None)
+            if self.released is not None:
+                self.released.append((key, removed))
         return len(selected)
 
     # -- quotas, expiry and eviction ----------------------------------------------------------
@@ -315,10 +404,15 @@ class Master(MasterPolicy):
         chosen = self.choose_evictions(now_ms, need_bytes, need_objects, pool)
         if not chosen:
             return 0
+        objects = self.state.objects
+        to_disk = sum(1 for key in chosen if objects[key].complete.disk is not None)
         freed_bytes = self.propose(c.Evict(tuple(chosen)))
         for key in chosen:
             self.access.pop(key, None)
         self.evictions.runs += 1
         self.evictions.objects += len(chosen)
         self.evictions.bytes += freed_bytes
+        self.evictions.to_disk += to_disk
+        if self.tiered:
+            self.evictions.without_offload += len(chosen) - to_disk
         return len(chosen)

@@ -101,18 +101,35 @@ class Arena:
         return self.closed_ms + self.hold_ms
 
 
+class DiskReplica:
+    """A copy of a version's bytes in one node's disk tier (mooncaked/ssd): where the record
+    is (region, offset), its size and the version it was written under."""
+    __slots__ = ("node_id", "region", "offset", "size_bytes", "disk_version")
+
+    def __init__(self, node_id: int, region: int, offset: int, size_bytes: int,
+                 disk_version: int) -> None:
+        self.node_id = node_id
+        self.region = region
+        self.offset = offset
+        self.size_bytes = size_bytes
+        self.disk_version = disk_version
+
+
 class Version:
     """One value of an object: its size, the replicas holding its bytes, and how many replicas
-    its put asked for (what repair restores after a node is lost)."""
-    __slots__ = ("size_bytes", "replicas", "writer_id", "started_ms", "replica_num")
+    its put asked for (what repair restores after a node is lost). A readable version may
+    have a disk copy (`disk`) as well; it stays readable while it has a DRAM replica or that
+    copy (a disk-only version has no replicas). A pending version never has one."""
+    __slots__ = ("size_bytes", "replicas", "writer_id", "started_ms", "replica_num", "disk")
 
     def __init__(self, size_bytes: int, replicas: list[Replica], writer_id: int,
-                 started_ms: int, replica_num: int) -> None:
+                 started_ms: int, replica_num: int, disk: DiskReplica | None = None) -> None:
         self.size_bytes = size_bytes
         self.replicas = replicas
         self.writer_id = writer_id
         self.started_ms = started_ms
         self.replica_num = replica_num
+        self.disk = disk
 
 
 class ParkedReplica:
@@ -299,6 +316,8 @@ class StateMachine:
             c.ReserveArena: self._reserve_arena,
             c.CloseArenas: self._close_arenas,
             c.ArenaPut: self._arena_put,
+            c.AddDiskReplica: self._add_disk_replica,
+            c.DropDiskReplica: self._drop_disk_replica,
             c.Batch: self._batch,
         }
 
@@ -331,6 +350,10 @@ class StateMachine:
         node = self.nodes.get(cmd.node_id)
         if node is not None:
             node.up = False
+        # Its disk copies leave reads (it comes back with them through AddDiskReplica
+        # recovered, if its disk kept them).
+        for key, _ in list(self.disk_copies(cmd.node_id)):
+            self._forget_disk(key, self.objects[key])
         own = [s for s in self.segment_list if c.node_of_segment(s.segment_id) == cmd.node_id]
         keep = None
         if not cmd.keep_until_ms:
@@ -503,7 +526,8 @@ class StateMachine:
                     version.replicas = [r for r in version.replicas
                                         if r.segment_id != cmd.segment_id]
                     self._charge(key, _version_bytes(version) - before)
-            if entry.complete is not None and not entry.complete.replicas:
+            if entry.complete is not None and not entry.complete.replicas \
+                    and entry.complete.disk is None:
                 entry.complete = None
             if entry.pending is not None and not entry.pending.replicas:
                 entry.pending = None
@@ -790,7 +814,7 @@ class StateMachine:
         self._charge(cmd.reserved_key, -_version_bytes(copy))
         self._drop_object(cmd.reserved_key)
         entry.complete = Version(current.size_bytes, copy.replicas, current.writer_id,
-                                 current.started_ms, current.replica_num)
+                                 current.started_ms, current.replica_num, current.disk)
         self._charge(key, _version_bytes(entry.complete))
         return True
 
@@ -846,18 +870,89 @@ class StateMachine:
         return removed
 
     def _evict(self, cmd: c.Evict) -> int:
-        """Drop the complete versions of the given keys; returns the bytes freed."""
+        """Drop the complete versions of the given keys; returns the bytes freed. A version
+        with a disk copy loses its DRAM replicas only, and stays readable from disk (one
+        that has none left is not touched: eviction frees DRAM)."""
         freed = 0
         for key in cmd.object_keys:
             entry = self.objects.get(key)
             if entry is None or entry.complete is None:
                 continue
-            freed += self._release(entry.complete.replicas)
-            self._charge(key, -_version_bytes(entry.complete))
+            version = entry.complete
+            if version.disk is not None:
+                if version.replicas:
+                    freed += self._release(version.replicas)
+                    self._charge(key, -_version_bytes(version))
+                    version.replicas = []  # a new list: readers in flight keep theirs
+                continue
+            freed += self._release(version.replicas)
+            self._charge(key, -_version_bytes(version))
             entry.complete = None
             if entry.pending is None:
                 self._drop_object(key)
         return freed
+
+    # -- the disk tier ----------------------------------------------------------------------
+
+    def _add_disk_replica(self, cmd: c.AddDiskReplica) -> bool:
+        """Give the readable version its disk copy (c.AddDiskReplica); whether it did."""
+        if cmd.size_bytes <= 0:
+            raise MooncakedError(ErrorCode.INVALID_PARAMS, "a disk copy has at least 1 byte")
+        key = cmd.object_key
+        disk = DiskReplica(cmd.node_id, cmd.region, cmd.offset, cmd.size_bytes,
+                           cmd.disk_version)
+        entry = self.objects.get(key)
+        if cmd.recovered:
+            if entry is not None or key[0] == c.RESERVED_NAMESPACE:
+                return False
+            if len(self.objects) >= self.max_objects:
+                return False
+            node = self.nodes.get(cmd.node_id)
+            if node is not None and not node.up:
+                return False
+            entry = ObjectEntry(False, cmd.started_ms)
+            entry.complete = Version(cmd.size_bytes, [], cmd.writer_id, cmd.started_ms, 1, disk)
+            self._add_object(key, entry)
+            return True
+        version = entry.complete if entry is not None else None
+        if version is None or version.writer_id != cmd.writer_id \
+                or version.started_ms != cmd.started_ms \
+                or version.size_bytes != cmd.size_bytes or version.disk is not None:
+            return False
+        node = self.nodes.get(cmd.node_id)
+        if node is not None and not node.up:
+            return False
+        version.disk = disk
+        return True
+
+    def _drop_disk_replica(self, cmd: c.DropDiskReplica) -> bool:
+        """Forget a readable version's disk copy (c.DropDiskReplica); whether it did."""
+        key = cmd.object_key
+        entry = self.objects.get(key)
+        version = entry.complete if entry is not None else None
+        disk = version.disk if version is not None else None
+        if disk is None or disk.node_id != cmd.node_id or disk.region != cmd.region \
+                or disk.offset != cmd.offset:
+            return False
+        self._forget_disk(key, entry)
+        return True
+
+    def _forget_disk(self, key: c.ObjectKey, entry: ObjectEntry) -> None:
+        """Drop the disk copy of the entry's readable version; a version left with no
+        replica is gone, and the object with it unless a write of it is in progress."""
+        entry.complete.disk = None
+        if not entry.complete.replicas:
+            entry.complete = None
+            if entry.pending is None:
+                self._drop_object(key)
+
+    def disk_copies(self, node_id: int):
+        """(key, version) of every readable version with a disk copy on `node_id`."""
+        for key, entry in self.objects.items():
+            version = entry.complete
+            if version is not None and version.disk is not None \
+                    and version.disk.node_id == node_id:
+                yield key, version
 
     def _release_expired(self, cmd: c.ReleaseExpired) -> int:
         """Free deferred ranges and revoke unfinished puts whose deadline passed."""
@@ -1211,6 +1306,15 @@ class StateMachine:
             assert entry.complete is not None or entry.pending is not None, key
             assert (entry.pending is not None) == (key in self.pending_order), key
             assert entry.pending is not None or not entry.pending_upsert, key
+            # A readable version has a DRAM replica or a disk copy; a pending one, replicas.
+            assert entry.complete is None or entry.complete.replicas \
+                or entry.complete.disk is not None, key
+            assert entry.pending is None or (entry.pending.replicas
+                                             and entry.pending.disk is None), key
+            disk = entry.complete.disk if entry.complete is not None else None
+            assert disk is None or (disk.size_bytes == entry.complete.size_bytes
+                                    and (disk.node_id not in self.nodes
+                                         or self.nodes[disk.node_id].up)), key
             for version in (entry.complete, entry.pending):
                 if version is not None:
                     segment_ids = [r.segment_id for r in version.replicas]
@@ -1312,8 +1416,11 @@ class StateMachine:
         def version(v):
             if v is None:
                 return None
+            disk = v.disk
             return [v.size_bytes, v.writer_id, v.started_ms, replicas(v.replicas),
-                    v.replica_num]
+                    v.replica_num,
+                    None if disk is None else [disk.node_id, disk.region, disk.offset,
+                                               disk.size_bytes, disk.disk_version]]
 
         def arena_row(a):
             return [a.arena_id, a.segment_id, a.handle, a.offset, a.size_bytes, a.term,
@@ -1324,7 +1431,7 @@ class StateMachine:
                     s.allocator.dump(), s.pool_namespace]
 
         state = {
-            "format": 4,
+            "format": 5,
             "arenas": [arena_row(a) for a in self.arenas.values()],
             "arena_seq": self.arena_seq,
             "arena_term": self.arena_term,
@@ -1424,8 +1531,9 @@ class StateMachine:
         # Format 1 is format 2 without quotas (snapshots taken before quotas existed); format 3
         # adds the preempted upserts (and objects' pending_upsert flags), the store settings'
         # origin and the nodes' mount generations; format 4 the arenas and what is kept for
-        # nodes declared down (none in older ones).
-        need(top.get("format") in (1, 2, 3, 4) and type(top.get("format")) is int,
+        # nodes declared down (none in older ones); format 5 the versions' disk copies (a
+        # sixth field of each version; none in older ones).
+        need(top.get("format") in (1, 2, 3, 4, 5) and type(top.get("format")) is int,
              f"unsupported format {top.get('format')!r:.40}")
         if top["format"] >= 2:
             fields += ("quotas",)
@@ -1527,20 +1635,33 @@ class StateMachine:
                 replicas.append(Replica(sid, offset, handle))
             return replicas
 
-        def parse_version(value, what):
+        def parse_version(value, what, readable):
             if value is None:
                 return None
             # Four fields in snapshots written before versions kept their replica_num: the
-            # replicas they have count as the ones asked for.
+            # replicas they have count as the ones asked for. Five before disk copies.
             if type(value) is tuple and len(value) == 4:
                 value = value + (len(value[3]) if type(value[3]) is tuple else 0,)
-            size_bytes, writer_id, started_ms, replicas, replica_num = row(value, 5, what)
+            if type(value) is tuple and len(value) == 5:
+                value = value + (None,)
+            size_bytes, writer_id, started_ms, replicas, replica_num, disk_row = \
+                row(value, 6, what)
             need(is_int(size_bytes) and is_int(writer_id) and is_int(started_ms)
                  and is_int(replica_num) and replica_num >= 0, f"bad {what}")
             replicas = parse_replicas(replicas, what)
             sids = [r.segment_id for r in replicas]
             need(len(set(sids)) == len(sids), f"{what}: two replicas on one segment")
-            return Version(size_bytes, replicas, writer_id, started_ms, replica_num)
+            disk = None
+            if disk_row is not None:
+                need(readable, f"{what}: a version being written has a disk copy")
+                node_id, region, offset, disk_size, disk_version = \
+                    row(disk_row, 5, f"disk copy of {what}")
+                need(all(map(is_int, disk_row)) and disk_size == size_bytes
+                     and (node_id not in nodes or nodes[node_id].up),
+                     f"bad disk copy of {what}")
+                disk = DiskReplica(node_id, region, offset, disk_size, disk_version)
+            need(replicas or disk is not None, f"{what}: no replica and no disk copy")
+            return Version(size_bytes, replicas, writer_id, started_ms, replica_num, disk)
 
         objects: dict[c.ObjectKey, ObjectEntry] = {}
         for item in seq_of(top["objects"], "objects"):
@@ -1556,8 +1677,8 @@ class StateMachine:
             entry = ObjectEntry(hard_pin, created_ms)
             entry.soft_pin_ttl_ms = ttl
             entry.soft_pin_deadline_ms = deadline
-            entry.complete = parse_version(complete, f"object {key!r:.60}")
-            entry.pending = parse_version(pending, f"object {key!r:.60}")
+            entry.complete = parse_version(complete, f"object {key!r:.60}", True)
+            entry.pending = parse_version(pending, f"object {key!r:.60}", False)
             entry.pending_upsert = pending_upsert and entry.pending is not None
             need(entry.complete is not None or entry.pending is not None,
                  f"object {key!r:.60} has no version")
