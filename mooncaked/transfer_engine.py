@@ -38,6 +38,8 @@ from mooncaked.client import calls
 from mooncaked.client.blocking import BlockingClient
 from mooncaked.errors import MooncakedError
 
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode"]
+
 log = logging.getLogger("mooncaked.transfer_engine")
 
 DEFAULT_DAEMON_ADDRESS = "unix:/run/mooncaked/mooncaked.sock"

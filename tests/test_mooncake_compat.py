@@ -59,6 +59,10 @@ def test_install_gives_mooncake_store_backed_by_mooncaked(tmp_path):
         assert sorted(mooncake.store.__all__) == sorted(facade.__all__)
         assert all(getattr(mooncake.store, name) is getattr(facade, name)
                    for name in facade.__all__)
+        import mooncake.engine, mooncaked.transfer_engine as engine
+        assert mooncake.engine.TransferEngine is engine.TransferEngine
+        assert sorted(mooncake.engine.__all__) == ["TransferEngine", "TransferNotify",
+                                                   "TransferOpcode"]
         print(mooncake.store.__file__)
         print(importlib.metadata.version("mooncaked-mooncake-compat"))
     """).split()
