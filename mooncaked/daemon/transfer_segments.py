@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import logging
 import secrets
@@ -339,6 +340,17 @@ def _transfer(conn) -> TransferSegments:
     return transfer
 
 
+def _checked_first(handler):
+    """A te_* coroutine handler whose first checks (the engine is on, a Unix socket) raise
+    before a task is made: those errors answer at once, as a synchronous handler's do."""
+    @functools.wraps(handler)
+    def checked(conn, params: list, payload_length: int):
+        _transfer(conn)
+        return handler(conn, params, payload_length)
+    return checked
+
+
+@_checked_first
 async def handle_te_open(conn, params: list, payload_length: int):
     transfer = _transfer(conn)
     arity(params, 1, 1, "[options]")
@@ -372,6 +384,7 @@ def _ranges(value: Any) -> list[tuple[int, int]]:
     return ranges
 
 
+@_checked_first
 async def handle_te_register(conn, params: list, payload_length: int):
     transfer = _transfer(conn)
     segment = transfer.segment(conn)
@@ -401,6 +414,7 @@ async def handle_te_register(conn, params: list, payload_length: int):
     return _NULL
 
 
+@_checked_first
 async def handle_te_unregister(conn, params: list, payload_length: int):
     segment = _transfer(conn).segment(conn)
     arity(params, 1, 1, "[addresses]")
@@ -463,6 +477,7 @@ def handle_te_status(conn, params: list, payload_length: int) -> Reply:
     return Reply({"done": batch.finish.done(), "statuses": batch.statuses()})
 
 
+@_checked_first
 async def handle_te_wait(conn, params: list, payload_length: int):
     transfer = _transfer(conn)
     segment = transfer.segment(conn)
@@ -485,6 +500,7 @@ def handle_te_free(conn, params: list, payload_length: int) -> Reply:
     return _NULL
 
 
+@_checked_first
 async def handle_te_buffers(conn, params: list, payload_length: int):
     segment = _transfer(conn).segment(conn)
     arity(params, 1, 1, "[segment]")
@@ -502,6 +518,7 @@ async def handle_te_buffers(conn, params: list, payload_length: int):
     return Reply([[b.address, b.length, b.name] for b in buffers])
 
 
+@_checked_first
 async def handle_te_notify(conn, params: list, payload_length: int):
     segment = _transfer(conn).segment(conn)
     arity(params, 3, 3, "[segment, name, message]")
@@ -520,6 +537,7 @@ def handle_te_notifies(conn, params: list, payload_length: int) -> Reply:
     return Reply([[n.name, n.message] for n in segment.endpoint.take_notifies()])
 
 
+@_checked_first
 async def handle_te_probe(conn, params: list, payload_length: int):
     segment = _transfer(conn).segment(conn)
     arity(params, 1, 1, "[segment]")

@@ -70,7 +70,10 @@ class Harness:
             "segments": {"count": SEGMENT_COUNT, "size_bytes": SEGMENT_BYTES,
                          "alignment_bytes": ALIGNMENT_BYTES, "max_allocations": MAX_ALLOCATIONS,
                          "shm_dir": self.shm_dir},
-            "metrics": {"enabled": False}}, "<fuzz>")
+            "metrics": {"enabled": False},
+            # The te_* methods answer from a task on the daemon's loop (they open listeners);
+            # this target has no loop, so they run here as with [transfer] off (NOT_SUPPORTED).
+            "transfer": {"enabled": False}}, "<fuzz>")
         segments = self.config.segments
         self.memory = {index: SegmentMemory(index, self.shm_dir, SEGMENT_BYTES,
                                             segments.shm_mode, -1, "off", False)
