@@ -6,7 +6,8 @@ Three interpreters/environments are involved:
 - the bench venv (`tools/bench/.venv`, git-ignored): Mooncake's PyPI wheel, redis-py with
   hiredis (its C reply parser), numpy, matplotlib; the Mooncake and Redis workers, the memcpy
   probe and the chart run under it;
-- Debian's redis-server (and libibverbs1, which the Mooncake wheel links against).
+- Debian's redis-server (and libibverbs1, which the Mooncake wheel links against), and fio
+  (the ssd section's measure of the device).
 
 Everything here is idempotent: a second run only checks.
 """
@@ -25,7 +26,7 @@ VENV = os.path.join(HERE, ".venv")
 MOONCAKE_PACKAGE = "mooncake-transfer-engine-non-cuda"
 MOONCAKE_VERSION = "0.3.13.post1"  # the version research/anchors-perf.md measured
 VENV_PACKAGES = ["redis", "hiredis", "numpy", "matplotlib"]
-APT_PACKAGES = ["redis-server", "libibverbs1"]
+APT_PACKAGES = ["redis-server", "libibverbs1", "fio"]
 VENV_CHECK = "import mooncake.store, redis, hiredis, numpy, matplotlib"
 
 

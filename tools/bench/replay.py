@@ -150,7 +150,78 @@ class ReplaySection:
         for system, a in acc.items():
             self.rows(pl, system, a["out"], a["noise"], size, best)
 
-    def trial(self, pl, system: str, capacity: int, size: int, trial: int) -> dict:
+    def run_small_dram(self, pl, base: str, dram_fraction: float, tier_sections) -> None:
+        """The ssd section's replay: DRAM holds `dram_fraction` of the distinct blocks, the
+        SSD all of them (at 80 % of its capacity);
+        mooncaked with its SSD tier (`tier_sections(directory, capacity)`), mooncaked without
+        it, Mooncake in-process without and with its SSD offload. Rows are named
+        replay_small_*; the hit rates are compared with the ideal (unlimited capacity)."""
+        cfg, b = self.cfg, self.b
+        size = block_bytes(cfg.replay_model)
+        trace = load_trace(cfg.replay_trace, cfg.replay_requests)
+        best = ideal(trace)
+        dram = max(64 * MiB, -(-int(best["unique_blocks"] * size * dram_fraction) // MiB) * MiB)
+        ssd_capacity = -(-int(best["unique_blocks"] * size / HEADROOM) // GiB) * GiB
+        info = b.info.setdefault("ssd", {}).setdefault("replay", {})
+        info.update({"model": cfg.replay_model, "shape": shape_text(cfg.replay_model),
+                     "requests": len(trace), "ideal": best, "dram_bytes": dram,
+                     "ssd_bytes": ssd_capacity, "dram_fraction": dram_fraction})
+        b.log(f"[{pl.name}] ssd replay: {len(trace)} requests, {best['unique_blocks']} "
+              f"distinct blocks of {report.human_size(size)}; DRAM "
+              f"{report.human_size(dram)} ({100 * dram_fraction:.0f} % of them), SSD "
+              f"{report.human_size(ssd_capacity)}; ideal hit rate "
+              f"{100 * best['hit_rate_tokens']:.1f} % of tokens")
+        variants = [("mooncaked+ssd", "mooncaked", "ssd"), ("mooncaked", "mooncaked", None),
+                    ("mooncake+ssd", "mooncake", "ssd"), ("mooncake", "mooncake", None)]
+        outs = {name: [] for name, _, _ in variants}
+        for trial in range(cfg.trials):
+            for name, system, tier in variants:
+                directory = os.path.join(base, f"replay-{name}-{trial}")
+                extra = None
+                if tier:
+                    os.makedirs(directory, exist_ok=True)
+                    extra = (tier_sections(directory, ssd_capacity) if system == "mooncaked"
+                             else {"ssd_offload_path": directory})
+                try:
+                    out = self.trial(pl, system, dram, size, trial, extra=extra)
+                    b.log(f"[{pl.name}] ssd replay {name} trial {trial}: "
+                          f"{report.fmt(out['requests_s'])} requests/s, hit rate "
+                          f"{100 * out['hit_rate_tokens']:.1f} % of tokens")
+                    outs[name].append(out)
+                except Exception as exc:  # noqa: BLE001 (a failed trial, kept and shown)
+                    b.info["errors"].append(f"ssd replay {name} [{pl.name}] trial {trial}: "
+                                            f"{type(exc).__name__}: {exc}")
+                    outs[name].append(None)
+                finally:
+                    shutil.rmtree(directory, ignore_errors=True)
+        res = b.results
+        for name, trials in outs.items():
+            ok = [o for o in trials if o is not None]
+            pad = [None] * (len(trials) - len(ok))
+            # A put refused for want of room is the store's answer at this capacity (shown),
+            # not a failure of the run; wrong bytes and failed reads are.
+            failed = sum(o["exists_failed"] + o["get_failed"] + o["fetched_bad"] for o in ok)
+            bad = sum(o["verify"]["bad"] + o["fetched_bad"] for o in ok)
+            checked = sum(o["verify"]["stored"] - o["verify"]["evicted"] for o in ok)
+            note = (f"DRAM {report.human_size(dram)}"
+                    + (f", SSD {report.human_size(ssd_capacity)}" if "+ssd" in name else "")
+                    + f"; ideal {100 * best['hit_rate_tokens']:.2f} % of tokens; puts refused "
+                      f"(no room): {sum(o['put_failed'] for o in ok)}")
+            res.add(pl.name, name, "replay_small_hit_tokens", None, "%",
+                    [100 * o["hit_rate_tokens"] for o in ok] + pad, n=len(trace), note=note,
+                    errors=failed, checked=checked, bad=bad)
+            res.add(pl.name, name, "replay_small_requests", None, "req/s",
+                    [o["requests_s"] for o in ok] + pad, [o["p50_us"] for o in ok],
+                    [o["p99_us"] for o in ok], n=len(trace), note=note, errors=failed)
+        info["systems"] = {name: [None if o is None else
+                                  {k: v for k, v in o.items() if k != "ideal"} for o in trials]
+                           for name, trials in outs.items()}
+
+    def trial(self, pl, system: str, capacity: int, size: int, trial: int,
+              extra: dict | None = None) -> dict:
+        """extra: mooncaked's extra config sections (its SSD tier), or for Mooncake
+        {"ssd_offload_path": DIR} (its master with --enable_offload, clients with
+        enable_ssd_offload)."""
         cfg, b = self.cfg, self.b
         tag = f"replay-{pl.name}-{system}-{trial}-{os.getpid()}"
         args = {"system": system, "trace": cfg.replay_trace, "requests": cfg.replay_requests,
@@ -161,7 +232,8 @@ class ReplaySection:
         try:
             if system == "mooncaked":
                 server = start_mooncaked(b.py, workdir, pl, capacity, None,
-                                         b.logfile("replay-mooncaked"), busy_poll=False)
+                                         b.logfile("replay-mooncaked"), busy_poll=False,
+                                         extra_sections=extra)
                 servers.append(server)
                 args.update(address=server.connect["address"],
                             server_pids=[server.process.pid])
@@ -169,7 +241,12 @@ class ReplaySection:
                 b.info["servers"][f"replay mooncaked [{pl.name}]"] = server.command
             elif system.startswith("mooncake"):
                 env = b.venv_env
-                master = start_mooncake_master(b.vpy, pl, b.logfile("mooncake_master-replay"))
+                offload = (extra or {}).get("ssd_offload_path")
+                master = start_mooncake_master(
+                    b.vpy, pl, b.logfile("mooncake_master-replay"),
+                    ["--enable_offload=true", "--offload_on_evict=true"] if offload else ())
+                if offload:
+                    args["ssd_offload_path"] = offload
                 servers.append(master)
                 args.update(master.connect, server_pids=[master.process.pid])
                 b.info["servers"][f"replay mooncake_master [{pl.name}]"] = master.command

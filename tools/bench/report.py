@@ -582,6 +582,44 @@ def targets(res: Results, placements: list[str], loops: dict, info: dict | None 
                         f">= 2.0x Mooncake cross-client TCP get", div(a, m), 2.0,
                     f"{fmt(a)} / {fmt(m)} MB/s",
                     rows=(row(system, "cross_get", size), row("mooncake", "cross_get", size)))
+    for pl in placements:  # the SSD tier's (ssd.py)
+        g = lambda system, op, size=None: res.get(pl, system, op, size)  # noqa: E731
+        row = lambda system, op, size=None: res.row(pl, system, op, size)  # noqa: E731
+        if row("mooncaked+ssd", "ssd_offload", MiB) is None:
+            continue
+        record = MiB + 4096
+        a, f = g("mooncaked+ssd", "ssd_offload", MiB), g("fio", "ssd_write", record)
+        add(pl, "SSD offload write >= 80% of fio's sequential write (same records and depth)",
+            div(a, f), 0.8, f"{fmt(a)} / {fmt(f)} MB/s",
+            rows=(row("mooncaked+ssd", "ssd_offload", MiB), row("fio", "ssd_write", record)))
+        a, f = g("mooncaked+ssd", "ssd_hit_get_into", MiB), g("fio", "ssd_read", MiB)
+        add(pl, "SSD-hit get_into 1 MiB >= 80% of fio's read at depth 1", div(a, f), 0.8,
+            f"{fmt(a)} / {fmt(f)} MB/s",
+            rows=(row("mooncaked+ssd", "ssd_hit_get_into", MiB), row("fio", "ssd_read", MiB)))
+        for op, size, name in (("ssd_dram_get", 4096, "get 4 KiB"),
+                               ("ssd_dram_get_into", MiB, "get_into 1 MiB")):
+            a, p = g("mooncaked+ssd", op, size), g("mooncaked", op, size)
+            add(pl, f"DRAM-hit {name} with the SSD tier >= 95% of without", div(a, p), 0.95,
+                f"{fmt(a)} / {fmt(p)}",
+                rows=(row("mooncaked+ssd", op, size), row("mooncaked", op, size)))
+        busy = g("mooncaked+ssd", "ssd_hot_p99_offloading", 4096)
+        idle = g("mooncaked+ssd", "ssd_hot_p99_idle", 4096)
+        add(pl, "DRAM-hit get 4 KiB p99 while offloading <= 1.1x idle (ratio idle / offloading "
+                ">= 0.91)", div(idle, busy), 1 / 1.1, f"p99 {fmt(busy)} µs offloading vs "
+                f"{fmt(idle)} µs idle",
+            rows=(row("mooncaked+ssd", "ssd_hot_p99_offloading", 4096),
+                  row("mooncaked+ssd", "ssd_hot_p99_idle", 4096)))
+    ssd_replay = ((info or {}).get("ssd") or {}).get("replay") or {}
+    if ssd_replay.get("systems"):
+        pl = (info or {}).get("ssd", {}).get("placement") or placements[0]
+        with_tier = res.get(pl, "mooncaked+ssd", "replay_small_hit_tokens")
+        without = res.get(pl, "mooncaked", "replay_small_hit_tokens")
+        best = 100 * ssd_replay["ideal"]["hit_rate_tokens"]
+        add(pl, "trace replay, DRAM small: hit rate (tokens) with the SSD tier = the ideal",
+            None if with_tier is None else (1.0 if abs(with_tier - best) < 1e-9 else
+                                            with_tier / best if best else 0.0), 1.0,
+            f"{fmt(with_tier)} % with the tier, {fmt(without)} % DRAM alone, ideal "
+            f"{fmt(best)} %", rows=(res.row(pl, "mooncaked+ssd", "replay_small_hit_tokens"),))
     return out
 
 

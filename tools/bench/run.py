@@ -6,6 +6,7 @@
     python tools/bench/run.py --only cluster   # just the cluster section
     python tools/bench/run.py --only replay    # just the trace replay
     python tools/bench/run.py --only tls       # just the cost of TLS
+    python tools/bench/run.py --only ssd       # just the SSD tier
 
 Run it from the repo root with the project's Python (the one that imports mooncaked). It sets
 itself up (bootstrap.py: redis-server and libibverbs1 from Debian, a venv in tools/bench/.venv
@@ -27,6 +28,9 @@ with Mooncake's PyPI wheel, redis-py + hiredis, numpy, matplotlib), then for eac
     replay      the FAST'25 conversation trace against each store (replay.py), first placement
     tls         put / get 4 KiB and 1 MiB and connect over TCP, plain vs TLS, ops/s and server
                 CPU per op, as ratios (tls_cost.py)
+    ssd         the SSD tier against fio on the same file system: offload write throughput,
+                SSD-hit get_into, DRAM hits with and without the tier, DRAM-hit p99 while
+                offloading, and the trace replay with DRAM held small (ssd.py)
 
 Every value carries its key's index and a per-trial nonce and is read back and checked outside
 the timed loops; every row records the servers' CPU (/proc/PID/stat) beside its wall-clock
@@ -61,6 +65,7 @@ import cluster  # noqa: E402
 import report  # noqa: E402
 from common import GiB, KiB, MiB  # noqa: E402
 import replay  # noqa: E402
+import ssd  # noqa: E402
 import tls_cost  # noqa: E402
 from common import proc_cpu_s  # noqa: E402
 from procs import MOONCAKED_SRC, PROCS, Noise, Worker, placements, run_one  # noqa: E402
@@ -72,7 +77,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 # Mooncake's client advertises this address for its transfer-engine RPC instead of the first
 # network interface's (its listening sockets still bind the wildcard address; see README).
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-SECTIONS = ("machine", "mooncaked", "mooncake", "redis", "cluster", "replay", "tls")
+SECTIONS = ("machine", "mooncaked", "mooncake", "redis", "cluster", "replay", "tls", "ssd")
 
 
 class Config:
@@ -105,6 +110,7 @@ class Config:
         cluster.config_defaults(self)  # the cluster section's counts
         replay.config_defaults(self)  # the replay section's
         tls_cost.config_defaults(self)  # the TLS section's
+        ssd.config_defaults(self)  # the SSD tier's
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -546,6 +552,9 @@ class Bench:
             return
         tls_cost.TLSSection(self).run(pl)
 
+    def section_ssd(self, pl, with_replay: bool) -> None:
+        ssd.SsdSection(self).run(pl, with_replay)
+
     def run(self, placement_list, systems, sections) -> None:
         plan = [("memcpy", None, self.section_memcpy)]  # every run records its machine
         stores = systems & sections & {"mooncaked", "mooncake", "redis"}
@@ -560,6 +569,8 @@ class Bench:
                              lambda p, m=with_mooncake: self.section_cluster(p, m)))
             if "mooncaked" in systems and "tls" in sections:
                 plan.append(("tls", pl, self.section_tls))
+            if "mooncaked" in systems and "ssd" in sections:  # its replay: first placement
+                plan.append(("ssd", pl, lambda p, r=(i == 0): self.section_ssd(p, r)))
         if "replay" in sections and placement_list:  # under the first placement only
             plan.append(("replay", placement_list[0],
                          lambda p: self.section_replay(p, systems)))
@@ -629,10 +640,12 @@ def main() -> int:
                     help="before each trial wait up to S s for other processes to use <20%% "
                          "of the machine (default 0; the noise column records it either way)")
     replay.add_arguments(ap)
+    ssd.add_arguments(ap)
     args = ap.parse_args()
     Noise.quiet_wait_s = args.quiet_wait
     cfg = Config(args.quick, args.trials)
     replay.apply_arguments(cfg, args)
+    ssd.apply_arguments(cfg, args)
     placement_list = placements(args.placements)
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
     sections = {s.strip() for s in args.only.split(",") if s.strip()}

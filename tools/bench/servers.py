@@ -218,12 +218,15 @@ def await_mooncaked(server: Server) -> float:
     return server.connect["startup_s"]
 
 
-def start_mooncake_master(venv_python: str, placement: Placement, log_path: str) -> Server:
+def start_mooncake_master(venv_python: str, placement: Placement, log_path: str,
+                          extra_args=()) -> Server:
+    """extra_args: more flags (the ssd section's --enable_offload)."""
     exe = os.path.join(os.path.dirname(venv_python), "mooncake_master")
     metadata, rpc, metrics = free_port(), free_port(), free_port()
     argv = [exe, "--enable_http_metadata_server=true", f"--http_metadata_server_port={metadata}",
             "--http_metadata_server_host=127.0.0.1", f"--rpc_port={rpc}",
-            "--rpc_address=127.0.0.1", f"--metrics_port={metrics}", "--metrics_host=127.0.0.1"]
+            "--rpc_address=127.0.0.1", f"--metrics_port={metrics}", "--metrics_host=127.0.0.1",
+            *extra_args]
     log = open(log_path, "ab")
     p = PROCS.popen("mooncake_master", argv, cpus=placement.servers, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT)

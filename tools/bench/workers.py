@@ -242,8 +242,13 @@ def connect(a: dict, segment_bytes: int | None = None, local_buffer_bytes: int |
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         s = MooncakeDistributedStore()
         segment = a["segment_bytes"] if segment_bytes is None else segment_bytes
-        rc = s.setup("127.0.0.1", a["metadata_url"], segment, local_buffer, "tcp", "",
-                     a["master_addr"])
+        if a.get("ssd_offload_path"):  # the ssd section: Mooncake's SSD offload
+            rc = s.setup("127.0.0.1", a["metadata_url"], segment, local_buffer, "tcp", "",
+                         a["master_addr"], enable_ssd_offload=True,
+                         ssd_offload_path=a["ssd_offload_path"])
+        else:
+            rc = s.setup("127.0.0.1", a["metadata_url"], segment, local_buffer, "tcp", "",
+                         a["master_addr"])
         config, pool = None, False
         if rc == 0 and segment:
             # With several clients, Mooncake places a replica in any client's segment (then
@@ -640,7 +645,8 @@ if __name__ == "__main__":
     import cluster_workers
     import machine
     import replay_worker
+    import ssd_worker
     import tls_worker
     role, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     (ROLES.get(role) or cluster_workers.ROLES.get(role) or replay_worker.ROLES.get(role)
-     or tls_worker.ROLES.get(role) or machine.ROLES[role])(args)
+     or tls_worker.ROLES.get(role) or ssd_worker.ROLES.get(role) or machine.ROLES[role])(args)
