@@ -164,6 +164,7 @@ class ReplaySection:
         ssd_capacity = -(-int(best["unique_blocks"] * size / HEADROOM) // GiB) * GiB
         info = b.info.setdefault("ssd", {}).setdefault("replay", {})
         info.update({"model": cfg.replay_model, "shape": shape_text(cfg.replay_model),
+                     "placement": pl.name,
                      "requests": len(trace), "ideal": best, "dram_bytes": dram,
                      "ssd_bytes": ssd_capacity, "dram_fraction": dram_fraction})
         b.log(f"[{pl.name}] ssd replay: {len(trace)} requests, {best['unique_blocks']} "

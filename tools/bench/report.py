@@ -611,7 +611,7 @@ def targets(res: Results, placements: list[str], loops: dict, info: dict | None 
                   row("mooncaked+ssd", "ssd_hot_p99_idle", 4096)))
     ssd_replay = ((info or {}).get("ssd") or {}).get("replay") or {}
     if ssd_replay.get("systems"):
-        pl = (info or {}).get("ssd", {}).get("placement") or placements[0]
+        pl = ssd_replay.get("placement") or placements[0]
         with_tier = res.get(pl, "mooncaked+ssd", "replay_small_hit_tokens")
         without = res.get(pl, "mooncaked", "replay_small_hit_tokens")
         best = 100 * ssd_replay["ideal"]["hit_rate_tokens"]
