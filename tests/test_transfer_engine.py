@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -560,8 +561,18 @@ def test_memory_the_daemon_may_not_read_is_refused_at_registration_saying_why():
     as a daemon would be that runs as another user than its client: EPERM, and the message
     says what is needed."""
     memory = GuardedMemory(4096)
+    # The reader runs as nobody, who may not read the checkout (a CI clone in a mode-700 temp
+    # directory): it gets a readable copy of the two modules it needs, as a package of its own.
+    readable = tempfile.mkdtemp()
+    os.chmod(readable, 0o755)
+    package = os.path.join(readable, "reader_pkg")
+    os.mkdir(package)
+    open(os.path.join(package, "__init__.py"), "w").close()
+    for name in ("process_memory.py", "descriptors.py"):
+        shutil.copy(os.path.join(REPO, "mooncaked", "transfer", name), package)
+    os.chmod(package, 0o755)
     reader = ("import sys\n"
-              "from mooncaked.transfer.process_memory import ProcessMemory, "
+              "from reader_pkg.process_memory import ProcessMemory, "
               "ProcessMemoryError\n"
               "try:\n"
               "    ProcessMemory(int(sys.argv[1])).register(int(sys.argv[2]), 4096)\n"
@@ -572,8 +583,9 @@ def test_memory_the_daemon_may_not_read_is_refused_at_registration_saying_why():
         ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
          "--inh-caps=-all", sys.executable, "-c", reader, str(os.getpid()),
          str(memory.address)],
-        env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=readable), capture_output=True, text=True, timeout=60,
         cwd=tempfile.gettempdir())
+    shutil.rmtree(readable)
     code, _, message = result.stdout.strip().partition(" ")
     assert code == "1", result  # EPERM
     assert "CAP_SYS_PTRACE" in message and "same user" in message and "PR_SET_PTRACER" in message
