@@ -110,14 +110,16 @@ class RegisteredMemory:
 
     register() trusts that the caller owns the range (as Mooncake's register_memory does);
     everything after that is checked here: a view is handed out only for a range inside one
-    registered buffer."""
+    registered buffer. A subclass reaches the memory another way by overriding `_attach`
+    (called once per buffer at registration; what it returns is kept with the buffer) and
+    `_range` (the view of a part of one buffer)."""
 
     def __init__(self) -> None:
         self._starts: list[int] = []
-        self._buffers: dict[int, tuple[int, str, memoryview]] = {}  # start -> (length, location, view)
+        self._buffers: dict[int, tuple[int, str, object]] = {}  # start -> (length, location, handle)
 
     def register(self, address: int, length: int, location: str = "*") -> None:
-        if not isinstance(address, int) or not isinstance(length, int):
+        if type(address) is not int or type(length) is not int:
             raise TypeError("address and length must be integers")
         if address <= 0 or length <= 0 or address + length > 1 << 64:
             raise ValueError(f"cannot register [{address:#x}, +{length}): "
@@ -130,9 +132,12 @@ class RegisteredMemory:
         if at < len(self._starts) and self._starts[at] < address + length:
             raise ValueError(f"[{address:#x}, +{length}) overlaps the buffer at "
                              f"{self._starts[at]:#x}")
-        view = memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+        handle = self._attach(address, length)
         self._starts.insert(at, address)
-        self._buffers[address] = (length, location, view)
+        self._buffers[address] = (length, location, handle)
+
+    def _attach(self, address: int, length: int) -> memoryview:
+        return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
 
     def unregister(self, address: int) -> None:
         if address not in self._buffers:
@@ -142,7 +147,7 @@ class RegisteredMemory:
         # Mooncake, the caller must not free memory while transfers on it are in flight.
         del self._buffers[address]
 
-    def view(self, address: int, length: int) -> memoryview | None:
+    def view(self, address: int, length: int):
         """A writable view of [address, address + length) when one buffer holds all of it,
         else None."""
         if length < 0:
@@ -151,15 +156,21 @@ class RegisteredMemory:
         if at < 0:
             return None
         start = self._starts[at]
-        size, _, view = self._buffers[start]
+        size, _, handle = self._buffers[start]
         offset = address - start
         if offset + length > size:
             return None
-        return view[offset:offset + length]
+        return self._range(handle, start, offset, length)
+
+    def _range(self, handle: memoryview, start: int, offset: int, length: int) -> memoryview:
+        return handle[offset:offset + length]
 
     def descriptors(self, segment_name: str) -> list[BufferDescriptor]:
         return [BufferDescriptor(segment_name if self._buffers[s][1] == "*" else self._buffers[s][1],
                                  s, self._buffers[s][0]) for s in self._starts]
+
+    def registered_bytes(self) -> int:
+        return sum(length for length, _, _ in self._buffers.values())
 
     def __len__(self) -> int:
         return len(self._starts)

@@ -15,13 +15,12 @@ the range, so a missing permission or an unmapped range fails at registration, n
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import ctypes.util
 import errno
 import os
 
-from .descriptors import BufferDescriptor
+from .descriptors import RegisteredMemory
 
 
 class _IoVec(ctypes.Structure):
@@ -113,60 +112,19 @@ class ProcessRange:
         write_to(self.pid, self.address + offset, data)
 
 
-class ProcessMemory:
-    """The registered buffers of one client process: sorted, non-overlapping ranges. The same
-    interface as RegisteredMemory, but view() hands out ProcessRanges (copied through the
-    kernel) instead of memoryviews."""
+class ProcessMemory(RegisteredMemory):
+    """The registered buffers of one client process: RegisteredMemory's ranges and checks,
+    but view() hands out ProcessRanges (copied through the kernel) instead of memoryviews,
+    and registration probes that the daemon may reach the memory."""
 
     def __init__(self, pid: int) -> None:
+        super().__init__()
         self.pid = pid
-        self._starts: list[int] = []
-        self._buffers: dict[int, tuple[int, str]] = {}  # start -> (length, location)
 
-    def register(self, address: int, length: int, location: str = "*") -> None:
-        if type(address) is not int or type(length) is not int:
-            raise TypeError("address and length must be integers")
-        if address <= 0 or length <= 0 or address + length > 1 << 64:
-            raise ValueError(f"cannot register [{address:#x}, +{length}): "
-                             "address and length must be positive and in 64-bit range")
-        at = bisect.bisect_right(self._starts, address)
-        if at > 0:
-            prev = self._starts[at - 1]
-            if prev + self._buffers[prev][0] > address:
-                raise ValueError(f"[{address:#x}, +{length}) overlaps the buffer at {prev:#x}")
-        if at < len(self._starts) and self._starts[at] < address + length:
-            raise ValueError(f"[{address:#x}, +{length}) overlaps the buffer at "
-                             f"{self._starts[at]:#x}")
+    def _attach(self, address: int, length: int) -> None:
         probe = bytearray(1)
         for end in {address, address + length - 1}:  # raises ProcessMemoryError
             read_from(self.pid, end, probe)
-        self._starts.insert(at, address)
-        self._buffers[address] = (length, location)
 
-    def unregister(self, address: int) -> None:
-        if address not in self._buffers:
-            raise KeyError(f"no buffer registered at {address:#x}")
-        self._starts.remove(address)
-        del self._buffers[address]
-
-    def view(self, address: int, length: int) -> ProcessRange | None:
-        if length < 0:
-            return None
-        at = bisect.bisect_right(self._starts, address) - 1
-        if at < 0:
-            return None
-        start = self._starts[at]
-        if address - start + length > self._buffers[start][0]:
-            return None
-        return ProcessRange(self.pid, address, length)
-
-    def descriptors(self, segment_name: str) -> list[BufferDescriptor]:
-        return [BufferDescriptor(segment_name if self._buffers[s][1] == "*"
-                                 else self._buffers[s][1], s, self._buffers[s][0])
-                for s in self._starts]
-
-    def registered_bytes(self) -> int:
-        return sum(length for length, _ in self._buffers.values())
-
-    def __len__(self) -> int:
-        return len(self._starts)
+    def _range(self, handle, start: int, offset: int, length: int) -> ProcessRange:
+        return ProcessRange(self.pid, start + offset, length)
