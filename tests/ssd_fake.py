@@ -10,36 +10,9 @@ checksum), `fail_writes` (EIO), `gate` (writes wait until it is set).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Locator:
-    region: int
-    offset: int
-    size_bytes: int
-    version: int
-
-
-@dataclass(frozen=True)
-class DiskRecord:
-    namespace: str
-    key: str
-    size_bytes: int
-    version: int
-    locator: Locator
-
-
-class DiskFull(Exception):
-    pass
-
-
-class DiskIOError(Exception):
-    pass
-
-
-class DiskCorrupt(DiskIOError):
-    pass
+# The tier's own value and error types: the store sees the same ones from the fake.
+from mooncaked.ssd.tier import DiskCorrupt, DiskFull, DiskIOError, DiskRecord, Locator  # noqa: F401
 
 
 class Storage:
